@@ -1,0 +1,437 @@
+"""Reader of trace format v1.
+
+Two levels:
+  * ``iter_chunks(path)`` streams validated chunks of one file (constant
+    memory; used by the correlator for captures larger than RAM);
+  * ``read_capture(path_or_paths)`` loads a whole capture (one file, a list
+    of files, or a directory of per-process files) into numpy arrays.
+
+Errors: a file cut at any byte decodes up to its last complete chunk and
+the lost tail is reported in ``Capture.losses``; anything else that is wrong
+(bad magic, CRC mismatch, impossible lengths, unknown version) raises
+``sigmatrace.TraceFormatError`` with the file and offset — or, with
+``errors="recover"``, is skipped up to the next valid chunk and reported as a
+loss.  No length field is trusted before it is checked against the bytes that
+are really there, so corrupt input cannot cause large allocations.
+"""
+import json
+import mmap
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import TraceFormatError
+from . import events as E
+from . import layout as L
+
+_HEADER = struct.Struct("<IHHQIIII")
+_MAGIC_BYTES = struct.pack("<I", L.MAGIC)
+CAPTURE_SUFFIXES = (".trace", ".bin", ".sttrace")
+READ_WHOLE_LIMIT = 1 << 30  # larger files are memory-mapped instead of read
+
+
+@dataclass
+class Chunk:
+    path: str
+    offset: int  # of the chunk header in the file
+    kind: int
+    process_uid: int
+    thread_index: int
+    count: int
+    payload: memoryview
+
+
+@dataclass
+class Loss:
+    path: str
+    offset: int
+    nbytes: int
+    reason: str
+
+
+@dataclass
+class SideRecord:
+    side_id: int
+    kind: int
+    flags: int
+    data: bytes
+
+    def json(self):
+        return json.loads(self.data.decode())
+
+    def text(self):
+        return self.data.decode()
+
+    def prm(self):
+        """(in_bytes, out_bytes) of a PRM_COMMAND record."""
+        in_len, out_len = struct.unpack_from("<II", self.data, 0)
+        if 8 + in_len + out_len > len(self.data):
+            raise TraceFormatError(f"PRM side record {self.side_id} lengths exceed its data")
+        return self.data[8 : 8 + in_len], self.data[8 + in_len : 8 + in_len + out_len]
+
+    def wqe(self):
+        """(header dict, WQE bytes) of a WQE_BYTES record."""
+        qpn, first, num, log_sq, flags = struct.unpack_from("<IHHII", self.data, 0)
+        body = self.data[16:]
+        if len(body) != num * 64:
+            raise TraceFormatError(f"WQE side record {self.side_id}: {len(body)} bytes for {num} WQEBBs")
+        return dict(qpn=qpn, first_wqe_index=first, num_wqebb=num, log_sq_size=log_sq, flags=flags), body
+
+
+@dataclass
+class ProcessInfo:
+    index: int
+    uid: int
+    path: str
+    header: dict = None
+    threads: dict = field(default_factory=dict)
+    calibration: np.ndarray = None
+    aggregates: np.ndarray = None
+    aggregate_thread: np.ndarray = None
+    side: dict = field(default_factory=dict)
+    end: dict = None
+    event_count: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """True when the process wrote its END chunk (clean exit)."""
+        return self.end is not None
+
+    @property
+    def host(self):
+        return (self.header or {}).get("host")
+
+    @property
+    def rank(self):
+        return (self.header or {}).get("rank")
+
+    @property
+    def pid(self):
+        return (self.header or {}).get("pid")
+
+
+def _corrupt(path, offset, why):
+    return TraceFormatError(why, path, offset)
+
+
+def _valid_chunk_at(buf, off) -> bool:
+    """True when a complete chunk with a correct CRC starts at off."""
+    n = len(buf)
+    if off + L.CHUNK_HEADER_SIZE > n:
+        return False
+    magic, version, kind, uid, thread, plen, count, crc = _HEADER.unpack_from(buf, off)
+    if magic != L.MAGIC or plen > L.MAX_PAYLOAD or plen % 8 or off + 32 + plen > n:
+        return False
+    return (zlib.crc32(buf[off + 32 : off + 32 + plen], zlib.crc32(buf[off : off + 28])) & 0xFFFFFFFF) == crc
+
+
+def _next_valid_chunk(buf, start):
+    raw = buf if isinstance(buf, (bytes, bytearray, mmap.mmap)) else bytes(buf)
+    pos = start
+    while True:
+        pos = raw.find(_MAGIC_BYTES, pos)
+        if pos < 0:
+            return -1
+        if _valid_chunk_at(buf, pos):
+            return pos
+        pos += 1
+
+
+def _check_payload(kind, plen, count, payload, path, off):
+    """Structural checks that need no allocation; returns a reason or None."""
+    if kind == L.CHUNK_EVENTS:
+        if plen != count * L.EVENT_SIZE:
+            return f"EVENTS chunk: {plen} bytes for {count} records"
+        if count and int.from_bytes(payload[8:10], "little") == E.EXT:
+            return "EVENTS chunk starts with an EXT record"
+    elif kind == L.CHUNK_CALIBRATION:
+        if plen != count * L.CALIBRATION_DTYPE.itemsize:
+            return f"CALIBRATION chunk: {plen} bytes for {count} records"
+    elif kind == L.CHUNK_AGGREGATE:
+        if plen != count * L.AGGREGATE_DTYPE.itemsize:
+            return f"AGGREGATE chunk: {plen} bytes for {count} records"
+    elif kind == L.CHUNK_SIDE:
+        pos = 0
+        for _ in range(count):
+            if pos + L.SIDE_HEADER_SIZE > plen:
+                return "SIDE chunk: record header past the payload"
+            length = int.from_bytes(payload[pos + 8 : pos + 12], "little")
+            pos += L.SIDE_HEADER_SIZE + length + L.pad8(length)
+            if pos > plen:
+                return "SIDE chunk: record data past the payload"
+        if pos != plen:
+            return "SIDE chunk: trailing bytes after the last record"
+    elif kind not in L.CHUNK_KIND_NAMES:
+        return f"unknown chunk kind {kind}"
+    return None
+
+
+def iter_chunks(path, errors="raise", losses=None, data=None):
+    """Yield the valid chunks of one file, in file order.
+
+    errors="raise": corruption raises TraceFormatError(path, offset).
+    errors="recover": corrupt spans are skipped to the next valid chunk and
+    appended to ``losses`` (a list) as Loss records.  A truncated tail is
+    always a Loss, never an error.
+    """
+    if errors not in ("raise", "recover"):
+        raise ValueError("errors must be 'raise' or 'recover'")
+    path = str(path)
+    if losses is None:
+        losses = []
+    buf = data
+    if buf is None:
+        buf = _map(path)
+    n = len(buf)
+    off = 0
+    while off < n:
+        reason = None
+        if n - off < L.CHUNK_HEADER_SIZE:
+            losses.append(Loss(path, off, n - off, "truncated chunk header"))
+            return
+        magic, version, kind, uid, thread, plen, count, crc = _HEADER.unpack_from(buf, off)
+        end = off + L.CHUNK_HEADER_SIZE + plen
+        if magic != L.MAGIC:
+            reason = "bad magic (not a sigmatrace chunk)" if off else "not a sigmatrace capture (bad magic)"
+        elif version != L.VERSION:
+            reason = f"unsupported format version {version} (this reader reads version {L.VERSION})"
+        elif plen > L.MAX_PAYLOAD or plen % 8:
+            reason = f"impossible payload length {plen}"
+        elif end > n:
+            nxt = _next_valid_chunk(buf, off + 1)
+            if nxt < 0:
+                losses.append(Loss(path, off, n - off, f"truncated chunk ({n - off} of {end - off} bytes)"))
+                return
+            reason = f"payload length {plen} runs into the next chunk"
+        else:
+            head_crc = zlib.crc32(buf[off : off + 28])
+            payload = memoryview(buf)[off + 32 : end]
+            if (zlib.crc32(payload, head_crc) & 0xFFFFFFFF) != crc:
+                reason = "CRC mismatch"
+            else:
+                reason = _check_payload(kind, plen, count, payload, path, off)
+        if reason is not None:
+            if errors == "raise":
+                raise _corrupt(path, off, reason)
+            nxt = _next_valid_chunk(buf, off + 1)
+            skip_to = n if nxt < 0 else nxt
+            losses.append(Loss(path, off, skip_to - off, reason))
+            off = skip_to
+            continue
+        yield Chunk(path, off, kind, uid, thread, count, payload)
+        off = end
+
+
+def _map(path):
+    try:
+        size = os.path.getsize(path)
+        if size == 0:
+            return b""
+        with open(path, "rb") as f:
+            if size <= READ_WHOLE_LIMIT:
+                return f.read()  # one read() is the fastest way in; bytes are immutable
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise TraceFormatError(f"cannot read: {e.strerror or e}", path) from None
+
+
+def _parse_json(chunk):
+    try:
+        obj = json.loads(bytes(chunk.payload).rstrip(b"\0").decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TraceFormatError(f"bad JSON in {L.CHUNK_KIND_NAMES[chunk.kind]} chunk: {e}", chunk.path, chunk.offset)
+    if not isinstance(obj, dict):
+        raise TraceFormatError("JSON chunk is not an object", chunk.path, chunk.offset)
+    return obj
+
+
+def _parse_side(chunk):
+    out = []
+    p = chunk.payload
+    pos = 0
+    for _ in range(chunk.count):
+        side_id, length, kind, flags = struct.unpack_from("<QIHH", p, pos)
+        data = bytes(p[pos + 16 : pos + 16 + length])
+        out.append(SideRecord(side_id, kind, flags, data))
+        pos += 16 + length + L.pad8(length)
+    return out
+
+
+def capture_files(path_or_paths):
+    """Expand a file, a directory of process files, or a list of either."""
+    if isinstance(path_or_paths, (str, os.PathLike)):
+        items = [path_or_paths]
+    else:
+        items = list(path_or_paths)
+    files = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.is_file() and q.suffix in CAPTURE_SUFFIXES)
+            if not found:
+                raise TraceFormatError(f"no capture files ({', '.join(CAPTURE_SUFFIXES)}) in directory", p)
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise TraceFormatError("no such capture file or directory", p)
+    return files
+
+
+class Capture:
+    """A whole capture in memory: processes, their events and side data."""
+
+    def __init__(self):
+        self.paths = []
+        self.processes = []
+        self.events = np.zeros(0, L.EVENT_DTYPE)
+        self.event_process = np.zeros(0, np.uint32)
+        self.event_thread = np.zeros(0, np.uint32)
+        self.losses = []
+        self.warnings = []
+
+    # -- lookups ---------------------------------------------------------
+    def process(self, uid):
+        for p in self.processes:
+            if p.uid == uid:
+                return p
+        raise KeyError(uid)
+
+    @property
+    def lost_bytes(self) -> int:
+        return sum(l.nbytes for l in self.losses)
+
+    def dropped_events(self) -> int:
+        """Events the tracer itself dropped (DROPS records and END totals)."""
+        drops = self.events["arg"][self.events["type"] == E.DROPS]
+        in_stream = int(drops.sum()) if len(drops) else 0
+        footer = sum(int((p.end or {}).get("dropped_events", 0)) for p in self.processes)
+        return max(in_stream, footer)
+
+    def count_by_type(self):
+        """{event name: count} of primary records."""
+        types, counts = np.unique(self.events["type"], return_counts=True)
+        return {E.name_of(t): int(c) for t, c in zip(types, counts) if t != E.EXT}
+
+    def table(self, name):
+        """Columns of every record of one event type, EXT fields joined.
+
+        Returns a dict of numpy arrays: tsc, process, thread and the named
+        fields of the type (see events.py).  No per-event Python loop.
+        """
+        et = E.BY_NAME[name]
+        ev = self.events
+        idx = np.flatnonzero(ev["type"] == et.value)
+        cols = {"tsc": ev["tsc"][idx], "process": self.event_process[idx], "thread": self.event_thread[idx]}
+        ext_idx = None
+        if et.has_ext:
+            nxt = idx + 1
+            nxt_c = np.minimum(nxt, max(len(ev) - 1, 0))
+            has = (nxt < len(ev)) & (ev["type"][nxt_c] == E.EXT) if len(ev) else np.zeros(0, bool)
+            ext_idx = (nxt_c, has)
+        slot_src = {"aux": "aux", "obj": "obj", "arg": "arg", "x0": "tsc", "x1": "aux", "x2": "obj", "x3": "arg"}
+        for col, slot, lo, width in et.columns():
+            src = slot_src[slot]
+            if slot.startswith("x"):
+                nxt_c, has = ext_idx
+                vals = np.where(has, ev[src][nxt_c], 0).astype(ev.dtype[src])
+            else:
+                vals = ev[src][idx]
+            if width is not None:
+                vals = (vals >> np.asarray(lo, vals.dtype)) & np.asarray((1 << width) - 1, vals.dtype)
+            cols[col] = vals
+        return cols
+
+    def side_record(self, process_index, side_id):
+        return self.processes[process_index].side.get(int(side_id))
+
+    def summary(self) -> dict:
+        return {
+            "files": [str(p) for p in self.paths],
+            "processes": len(self.processes),
+            "events": int(np.count_nonzero(self.events["type"] != E.EXT)),
+            "records": int(len(self.events)),
+            "by_type": self.count_by_type(),
+            "dropped_events": self.dropped_events(),
+            "lost_bytes": self.lost_bytes,
+            "incomplete_processes": [p.index for p in self.processes if not p.complete],
+        }
+
+
+def read_capture(path_or_paths, errors="raise") -> Capture:
+    """Load one capture (file, directory of process files, or a list)."""
+    cap = Capture()
+    cap.paths = capture_files(path_or_paths)
+    by_uid = {}
+    owner_path = {}
+    ev_parts, ev_proc, ev_thread = [], [], []
+    calib = {}
+    aggs = {}
+    for path in cap.paths:
+        for ch in iter_chunks(path, errors=errors, losses=cap.losses):
+            proc = by_uid.get(ch.process_uid)
+            if ch.kind == L.CHUNK_PROCESS:
+                if proc is not None and proc.header is not None and owner_path.get(ch.process_uid) != ch.path:
+                    cap.warnings.append(
+                        f"{ch.path}: process uid {ch.process_uid:#x} duplicates one already read from "
+                        f"{owner_path[ch.process_uid]}; its chunks in this file are ignored"
+                    )
+                    by_uid.setdefault(("dup", ch.path), set()).add(ch.process_uid)
+                    continue
+            if ch.process_uid in by_uid.get(("dup", ch.path), ()):
+                continue
+            if proc is None:
+                proc = ProcessInfo(len(cap.processes), ch.process_uid, ch.path)
+                cap.processes.append(proc)
+                by_uid[ch.process_uid] = proc
+                owner_path[ch.process_uid] = ch.path
+            k = ch.kind
+            if k == L.CHUNK_PROCESS:
+                proc.header = _parse_json(ch)
+                v = proc.header.get("format_version", L.VERSION)
+                if v != L.VERSION:
+                    raise TraceFormatError(f"process header says format version {v}", ch.path, ch.offset)
+            elif k == L.CHUNK_EVENTS:
+                ev_parts.append(np.frombuffer(ch.payload, L.EVENT_DTYPE, ch.count))
+                ev_proc.append((proc.index, ch.count))
+                ev_thread.append((ch.thread_index, ch.count))
+                proc.event_count += ch.count
+            elif k == L.CHUNK_SIDE:
+                for rec in _parse_side(ch):
+                    proc.side[rec.side_id] = rec
+            elif k == L.CHUNK_CALIBRATION:
+                calib.setdefault(proc.index, []).append(np.frombuffer(ch.payload, L.CALIBRATION_DTYPE, ch.count))
+            elif k == L.CHUNK_AGGREGATE:
+                aggs.setdefault(proc.index, []).append(
+                    (np.frombuffer(ch.payload, L.AGGREGATE_DTYPE, ch.count), ch.thread_index)
+                )
+            elif k == L.CHUNK_THREAD:
+                proc.threads[ch.thread_index] = _parse_json(ch)
+            elif k == L.CHUNK_END:
+                proc.end = _parse_json(ch)
+    if ev_parts:
+        cap.events = np.concatenate(ev_parts)
+        counts = np.fromiter((c for _, c in ev_proc), np.int64, len(ev_proc))
+        cap.event_process = np.repeat(np.fromiter((p for p, _ in ev_proc), np.uint32, len(ev_proc)), counts)
+        cap.event_thread = np.repeat(np.fromiter((t for t, _ in ev_thread), np.uint32, len(ev_thread)), counts)
+    for proc in cap.processes:
+        parts = calib.get(proc.index)
+        proc.calibration = np.concatenate(parts) if parts else np.zeros(0, L.CALIBRATION_DTYPE)
+        ap = aggs.get(proc.index)
+        if ap:
+            proc.aggregates = np.concatenate([a for a, _ in ap])
+            proc.aggregate_thread = np.repeat(
+                np.array([t for _, t in ap], np.uint32), np.array([len(a) for a, _ in ap], np.int64)
+            )
+        else:
+            proc.aggregates = np.zeros(0, L.AGGREGATE_DTYPE)
+            proc.aggregate_thread = np.zeros(0, np.uint32)
+        if proc.header is None:
+            cap.warnings.append(f"{proc.path}: process uid {proc.uid:#x} has no PROCESS header chunk")
+    for l in cap.losses:
+        cap.warnings.append(f"{l.path}: lost {l.nbytes} bytes at offset {l.offset}: {l.reason}")
+    return cap
