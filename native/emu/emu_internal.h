@@ -1,0 +1,286 @@
+/* Internal definitions of the sigmatrace emulated mlx5 HCA (test-only).
+ * See docs/emulator.md for the design. */
+#ifndef ST_EMU_INTERNAL_H
+#define ST_EMU_INTERNAL_H
+
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "sigmatrace/mlx5.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define EMU_MAX_QP      4096
+#define EMU_QPN_BASE    0x100
+#define EMU_MAX_MR      16384
+#define EMU_MAX_CQ      4096
+#define EMU_MAX_UMEM    4096
+#define EMU_MAX_SGE     16
+#define EMU_MAX_INLINE  512
+#define EMU_MAX_NODES   64
+#define EMU_PKT_MAX     65536u          /* payload bytes per fabric packet */
+#define EMU_RING_BYTES  (8u << 20)      /* inbox ring size per node */
+#define EMU_OUTQ_LIMIT  (4u << 20)      /* requester back-pressure per peer */
+
+extern int emu_debug;
+#define EMU_LOG(...) do { if (emu_debug) { fprintf(stderr, "[st-emu %d] ", (int)getpid()); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+/* ---- shared-memory fabric ------------------------------------------------ */
+#define EMU_INBOX_MAGIC 0x53544d55454d5531ull /* "STMUEMU1" */
+struct emu_inbox_hdr {
+	uint64_t magic;
+	pthread_mutex_t lock;     /* process-shared, robust: producers */
+	volatile uint64_t head;   /* consumer byte counter (owner NIC only) */
+	volatile uint64_t tail;   /* producer byte counter */
+	uint32_t size;            /* ring bytes */
+	volatile uint32_t wake_seq;  /* futex word */
+	volatile uint32_t sleeping;
+	int32_t pid;
+	uint32_t lid;
+	uint8_t gid[16];
+	uint64_t guid;
+	char dev_name[64];
+	uint8_t pad[64];
+	uint8_t data[];          /* ring */
+};
+
+enum emu_pkt_type {
+	PKT_PAD = 0,
+	PKT_SEND,        /* chunk of a SEND (flags FIRST/LAST/IMM/INV) */
+	PKT_WRITE,       /* chunk of an RDMA WRITE (LAST+IMM => consumes a recv) */
+	PKT_READ_REQ,
+	PKT_ATOMIC_REQ,
+	PKT_ACK,
+	PKT_NAK,
+	PKT_READ_RESP,
+	PKT_ATOMIC_RESP,
+};
+#define PF_FIRST 1u
+#define PF_LAST  2u
+#define PF_IMM   4u
+#define PF_INV   8u
+
+struct emu_pkt {
+	uint32_t size;      /* total record bytes (8-aligned) */
+	uint16_t type;
+	uint16_t flags;
+	uint32_t dst_qpn;
+	uint32_t src_qpn;
+	uint32_t src_lid;
+	uint32_t seq;       /* requester message sequence (per QP) */
+	uint64_t raddr;     /* remote address of this chunk */
+	uint32_t rkey;
+	uint32_t len;       /* payload bytes in this packet */
+	uint32_t total;     /* message length */
+	uint32_t offset;    /* offset of this chunk in the message */
+	uint32_t imm;       /* raw (network order) immediate / invalidate key */
+	uint32_t syndrome;  /* NAK */
+	uint64_t a, b;      /* atomic operands: FA add / CS swap, compare; resp: orig */
+	uint8_t  op;        /* mlx5 opcode of the request */
+	uint8_t  pad[7];
+	uint8_t  payload[];
+};
+
+struct emu_outpkt { struct emu_outpkt *next; struct emu_pkt pkt; };
+
+struct emu_node {                 /* a peer (or ourselves) on the fabric */
+	uint32_t lid;
+	uint8_t gid[16];
+	struct emu_inbox_hdr *hdr;
+	size_t map_len;
+	pid_t pid;
+	int dead;
+	struct emu_outpkt *outq, *outq_tail;
+	size_t outq_bytes;
+};
+
+/* ---- objects -------------------------------------------------------------- */
+struct emu_nic;
+
+struct emu_context {
+	struct verbs_context vctx;
+	struct emu_nic *nic;
+};
+
+struct emu_pd { struct ibv_pd pd; uint32_t pdn; };
+
+struct emu_mr {
+	struct ibv_mr mr;
+	uint64_t addr;    /* iova = addr */
+	size_t len;
+	int access;
+	uint32_t pdn;
+	int valid;
+};
+
+struct emu_umem {   /* mlx5dv_devx_umem must be first */
+	uint32_t umem_id;
+	void *addr;
+	size_t size;
+	int valid;
+};
+
+struct emu_uar {    /* a UAR page the NIC watches */
+	struct emu_uar *next;
+	uint8_t *page;
+	uint32_t page_id;
+	uint64_t last[4];     /* last value seen at 0x800 + i*0x100 */
+	int devx;
+	void *devx_obj;       /* struct mlx5dv_devx_uar handed out */
+};
+
+struct emu_cq {
+	struct ibv_cq cq;     /* must be first */
+	uint32_t cqn;
+	uint8_t *buf;         /* ncqe x 64 B */
+	uint32_t ncqe;
+	volatile uint32_t *dbrec; /* [0] set_ci, [1] arm */
+	uint32_t pi;          /* NIC producer index */
+	uint32_t ci;          /* consumer (poll_cq) */
+	int collapsed;
+	int devx;
+	int armed, arm_sol;
+	pthread_mutex_t lock; /* NIC write vs arm vs poll */
+	uint32_t events;      /* events signalled */
+	int own_buf;
+	uint8_t dbr_storage[64];
+};
+
+struct emu_srq {
+	struct ibv_srq srq;
+	uint32_t srqn;
+	uint8_t *buf;
+	uint32_t wqe_cnt, stride, max_sge;
+	uint64_t *wrid;
+	volatile uint32_t *dbrec;
+	uint32_t pi;        /* app producer */
+	uint32_t ci;        /* NIC consumer */
+	uint32_t limit;
+	pthread_spinlock_t plock;
+	uint8_t dbr_storage[64];
+};
+
+struct emu_inflight {
+	uint16_t wqe_idx;
+	uint8_t opcode;
+	uint8_t signaled;
+	uint8_t done;
+	uint8_t syndrome;  /* 0 = success */
+	uint32_t seq;
+	uint32_t byte_len;
+	uint32_t nsge;
+	struct { uint64_t addr; uint32_t len; uint32_t lkey; } sge[EMU_MAX_SGE];
+	uint32_t resp_off;
+};
+
+struct emu_pending { struct emu_pending *next; struct emu_pkt pkt; };
+
+struct emu_qp {
+	struct ibv_qp_ex qpx;      /* qp_base first */
+	struct emu_nic *nic;
+	uint32_t qpn;
+	int devx;
+	volatile int state;        /* enum ibv_qp_state */
+	int qp_access;
+	int sq_sig_all;
+	/* send queue (ref §1): ring of WQEBBs */
+	uint8_t *sq_buf;
+	uint32_t sq_wqebb;        /* power of 2 */
+	uint32_t sq_max_wqe_bb;   /* WQEBBs of the largest WQE */
+	uint64_t *sq_wrid;
+	uint32_t sq_pi;           /* app producer (WQEBB counter) */
+	uint32_t max_inline, max_send_sge, max_send_wr;
+	pthread_spinlock_t sq_lock;
+	/* receive queue: ring of scatter lists */
+	uint8_t *rq_buf;
+	uint32_t rq_wqe_cnt, rq_stride, rq_max_sge, max_recv_wr;
+	uint64_t *rq_wrid;
+	uint32_t rq_pi;            /* app producer */
+	pthread_spinlock_t rq_lock;
+	volatile uint32_t *dbrec;  /* [0] RQ, [1] SQ (ref §3.1) */
+	uint8_t *uar;              /* UAR page; DB register at +0x800 */
+	struct emu_uar *uarobj;
+	struct emu_cq *scq, *rcq;
+	struct emu_srq *srq;
+	uint8_t *qp_buf; int own_bufs;
+	uint8_t dbr_storage[64];
+	/* connection */
+	uint32_t dest_qpn, dlid, sq_psn, rq_psn;
+	uint8_t dgid[16]; int is_global;
+	uint8_t port, timeout, retry_cnt, rnr_retry, min_rnr_timer, mtu;
+	struct emu_node *peer;
+	/* NIC side: requester */
+	uint32_t sq_exec;          /* next WQEBB index to execute */
+	uint32_t sq_announced;     /* producer index announced by doorbells */
+	struct emu_inflight *inflight; uint32_t if_head, if_tail, if_cap;
+	uint32_t next_seq;
+	/* NIC side: responder */
+	uint32_t rq_ci;            /* next RQ WQE to consume */
+	int resp_active;           /* a multi-chunk SEND/WRITE_IMM is in progress */
+	uint32_t resp_wqe;         /* recv WQE index in use */
+	int resp_from_srq;
+	int resp_err;              /* current message already failed */
+	struct emu_pending *pend, *pend_tail;
+	uint64_t pend_since_ns;
+	int flush_pending;
+	/* wr_* (ibv_qp_ex) builder */
+	struct st_mlx5_wqe_ctrl_seg *wr_ctrl;
+	uint32_t wr_ds, wr_start_pi, wr_err, wr_cur_bb;
+	uint8_t wr_opcode;
+	int in_table;
+};
+
+struct emu_nic {
+	pthread_mutex_t lock;
+	pthread_t thread;
+	volatile int running;
+	int refcnt;
+	/* identity */
+	char dev_name[64];
+	uint64_t guid;
+	uint32_t lid;
+	uint8_t gid[16];
+	char fabric[64];
+	char shm_name[160];
+	struct emu_inbox_hdr *inbox;
+	struct emu_node nodes[EMU_MAX_NODES]; int nnodes;
+	struct emu_node *self;
+	/* objects */
+	struct emu_qp *qps[EMU_MAX_QP];
+	struct emu_cq *cqs[EMU_MAX_CQ];
+	struct emu_mr *mrs[EMU_MAX_MR];
+	struct emu_umem *umems[EMU_MAX_UMEM];
+	struct emu_srq *srqs[256];
+	struct emu_uar *uars;
+	uint32_t next_pdn, next_uar_id;
+	int have_devx_uars;
+	uint64_t last_liveness_ns;
+};
+
+/* nic / fabric */
+struct emu_nic *emu_nic_get(void);
+void emu_nic_put(struct emu_nic *nic);
+void emu_nic_kick(struct emu_nic *nic);
+uint64_t emu_now_ns(void);
+struct emu_mr *emu_mr_lookup(struct emu_nic *nic, uint32_t key);
+struct emu_qp *emu_qp_lookup(struct emu_nic *nic, uint32_t qpn);
+void emu_cq_write(struct emu_cq *cq, const struct st_mlx5_cqe64 *cqe);
+void emu_qp_to_error(struct emu_qp *qp);    /* NIC lock held */
+void emu_qp_reset_nic_state(struct emu_qp *qp); /* NIC lock held */
+struct emu_uar *emu_uar_alloc(struct emu_nic *nic, int devx);
+void emu_uar_free(struct emu_nic *nic, struct emu_uar *u);
+int emu_qp_register(struct emu_nic *nic, struct emu_qp *qp); /* assigns qpn */
+void emu_qp_unregister(struct emu_nic *nic, struct emu_qp *qp);
+int emu_cq_register(struct emu_nic *nic, struct emu_cq *cq);
+struct emu_cq *emu_cq_lookup(struct emu_nic *nic, uint32_t cqn);
+void emu_resolve_peer(struct emu_qp *qp);
+
+/* verbs helpers shared with devx */
+void emu_qp_init_ex_ops(struct emu_qp *qp);
+int emu_qp_modify_state(struct emu_qp *qp, int cur, int new_state); /* validates */
+const char *emu_state_name(int s);
+
+#endif

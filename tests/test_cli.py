@@ -1,0 +1,54 @@
+"""The `sigmatrace` command: help, version, doctor, clean errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sigmatrace.cli.main import SUBCOMMANDS
+
+pytestmark = pytest.mark.sim
+
+
+def sigmatrace(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "sigmatrace", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_lists_every_subcommand():
+    r = sigmatrace("--help")
+    assert r.returncode == 0
+    for name in SUBCOMMANDS:
+        assert name in r.stdout
+
+
+def test_version():
+    from sigmatrace import __version__
+
+    r = sigmatrace("--version")
+    assert r.returncode == 0 and __version__ in r.stdout
+
+
+def test_every_subcommand_has_help():
+    for name in SUBCOMMANDS:
+        r = sigmatrace(name, "--help")
+        assert r.returncode == 0, (name, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_wrong_flag_is_a_usage_error_not_a_traceback():
+    r = sigmatrace("doctor", "--no-such-flag")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and "unrecognized arguments" in r.stderr
+
+
+def test_doctor_reports_build_and_machine():
+    r = sigmatrace("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    for key in ("tracer_library", "build", "libraries", "cpu", "gpus", "rdma_devices"):
+        assert key in info
+    assert info["cpu"]["doorbell_wait"] in ("umonitor/umwait", "monitorx/mwaitx",
+                                           "spin with pause and bounded back-off")
+    text = sigmatrace("doctor")
+    assert text.returncode == 0 and "doorbell poller" in text.stdout
