@@ -63,6 +63,8 @@ def prm_get(buf, bit_offset: int, width: int) -> int:
 def prm_set(buf: bytearray, bit_offset: int, width: int, value: int) -> None:
     """Write one field per the DEVX bit rule (ref §0); other bits of the dword are kept."""
     value = int(value)
+    if (bit_offset + width + 7) // 8 > len(buf):
+        raise ValueError(f"PRM field at bit {bit_offset:#x} lies past the {len(buf)}-byte buffer")
     if value < 0 or value >> width:
         raise ValueError(f"value {value:#x} does not fit a {width}-bit PRM field")
     if width <= 32:

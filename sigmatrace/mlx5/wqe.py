@@ -204,7 +204,7 @@ def _decode_segments(wqe: WQE, body: bytes, datagram: bool) -> None:
         return
     # RDMA / SEND / DUMP: a gather list (possibly empty: zero-length operations) or one
     # inline segment (ref §1.4, §1.5).
-    if pos < end and _U32.unpack_from(body, pos)[0] & INLINE_SEG_FLAG:
+    if op not in GATHER_ONLY_OPCODES and pos < end and _U32.unpack_from(body, pos)[0] & INLINE_SEG_FLAG:
         if op == Opcode.RDMA_READ:
             raise Mlx5DecodeError("RDMA_READ cannot carry inline data")
         length = _U32.unpack_from(body, pos)[0] & INLINE_LENGTH_MASK
