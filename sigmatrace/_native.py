@@ -3,7 +3,9 @@
 Search order:
   1. $SIGMATRACE_LIB_DIR                 (explicit override)
   2. <installed package>/_lib            (what `pip install .` puts there)
-  3. <source checkout>/build/dev         (a developer's `cmake -S native -B build/dev`)
+  3. the installed distribution's _lib     (when tests import the source tree
+                                           but `pip install .` built the native part)
+  4. <source checkout>/build/dev         (a developer's `cmake -S native -B build/dev`)
 """
 import json
 import os
@@ -18,7 +20,20 @@ def candidate_dirs():
     if env:
         yield Path(env)
     yield PACKAGE_DIR / "_lib"
+    installed = _installed_lib_dir()
+    if installed is not None:
+        yield installed
     yield SOURCE_ROOT / "build" / "dev"
+
+
+def _installed_lib_dir():
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        path = Path(distribution("sigmatrace").locate_file("sigmatrace/_lib"))
+    except (ImportError, PackageNotFoundError, OSError):
+        return None
+    return path if path != PACKAGE_DIR / "_lib" else None
 
 
 def lib_dir():

@@ -1,0 +1,29 @@
+"""Workloads (F13).  Each module exposes `run(output, **params) -> SimResult` and
+`PARAMS` (name -> (type, default, help)) used by `sigmatrace sim`."""
+import importlib
+
+WORKLOADS = {
+    "put": ("micro", {"op": "put"}),
+    "get": ("micro", {"op": "get"}),
+    "atomic": ("micro", {"op": "atomic"}),
+    "pingpong": ("micro", {"op": "pingpong"}),
+    "micro": ("micro", {}),
+    "bfs": ("bfs", {}),
+    "moe": ("moe", {}),
+    "allreduce": ("allreduce", {}),
+    "stress": ("stress", {}),
+}
+
+
+def module(name):
+    mod, _ = WORKLOADS[name]
+    return importlib.import_module(f".{mod}", __name__)
+
+
+def run(name, output, **params):
+    if name not in WORKLOADS:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}")
+    mod, fixed = WORKLOADS[name]
+    merged = dict(fixed)
+    merged.update({k: v for k, v in params.items() if v is not None})
+    return module(name).run(output, **merged)
