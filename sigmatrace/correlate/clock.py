@@ -1,0 +1,297 @@
+"""One nanosecond time base for every event of a capture (contract 2, F16, F24b).
+
+Step 1, per node: every process of a node reads the same TSC, so all their
+calibration pairs (TSC midpoint of tsc_before/tsc_after, CLOCK_TAI when every
+pair has it valid, else CLOCK_REALTIME) are fitted together by least squares:
+``ns = ns0 + slope * (tsc - tsc0)``.  One pair gives the offset, the header's
+``tsc_hz`` the slope; no pair at all leaves the node "uncalibrated" (slope
+from tsc_hz, offset 0 — its TSC origin is arbitrary).
+
+Step 2, across nodes (F24b): matched operations give causal pairs "event a on
+node A happened before event b on node B" (a send post and the peer's
+receive completion; that receive and the sender's completion, ...).  For a
+node pair with traffic in both directions, the minimum one-way delays per
+time window, d_AB and d_BA, give the clock error difference
+``err_B - err_A = (d_AB - d_BA) / 2`` (equal minimum latency both ways, as
+NTP assumes).  Window estimates from all node pairs are solved together by
+least squares for a per-node offset and drift against a reference node (the
+first node whose calibration is PTP-disciplined, else the first calibrated
+node).  The residual (RMS of the window estimates around the fitted lines)
+is reported per node.  With only one direction, the pairs bound the
+correction; a correction is applied then only to restore causality.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..format import layout as L
+
+
+@dataclass
+class NodeClock:
+    node: int
+    tsc0: int = 0
+    ns0: int = 0
+    slope: float = 1.0          # ns per tick
+    source: str = "none"        # tai | realtime | tsc_hz | none
+    pairs: int = 0
+    fit_residual_ns: float = 0.0
+    ptp: bool = False
+    # F24b correction (ns): t = t_cal + offset + drift * (t_cal - ref_ns)
+    offset_ns: float = 0.0
+    drift: float = 0.0
+    ref_ns: float = 0.0
+    refined: bool = False
+    refine_pairs: int = 0
+    refine_residual_ns: float = float("nan")
+    refine_method: str = ""
+
+    def to_ns_first(self, tsc: np.ndarray) -> np.ndarray:
+        """Calibration-only mapping (float64 ns relative to ns0, then absolute int64)."""
+        d = tsc.astype(np.int64) - np.int64(self.tsc0) if len(tsc) else np.zeros(0, np.int64)
+        # int64 difference keeps full precision; float only for the (small) product
+        return np.int64(self.ns0) + np.rint(d.astype(np.float64) * self.slope).astype(np.int64)
+
+    def to_ns(self, tsc: np.ndarray) -> np.ndarray:
+        t = self.to_ns_first(tsc)
+        if self.offset_ns or self.drift:
+            rel = (t - np.int64(self.ref_ns)).astype(np.float64)
+            t = t + np.rint(self.offset_ns + self.drift * rel).astype(np.int64)
+        return t
+
+
+def fit_node(node: int, calibs: list, tsc_hz_values: list) -> NodeClock:
+    """Least-squares TSC -> ns fit over all calibration pairs of one node."""
+    nc = NodeClock(node)
+    hz = next((float(h) for h in tsc_hz_values if h), 0.0)
+    cal = np.concatenate(calibs) if calibs else np.zeros(0, L.CALIBRATION_DTYPE)
+    cal = cal[(cal["tsc_before"] > 0) & (cal["tsc_after"] >= cal["tsc_before"])]
+    if len(cal):
+        # CLOCK_REALTIME (UTC, what users read) when every pair has it; CLOCK_TAI otherwise
+        use_tai = bool(not np.all(cal["realtime_ns"] > 0) and np.all(cal["flags"] & L.CALIB_F_TAI_VALID)
+                       and np.all(cal["tai_ns"] > 0))
+        ns = cal["tai_ns"] if use_tai else cal["realtime_ns"]
+        ok = ns > 0
+        use_tai = use_tai
+        cal, ns = cal[ok], ns[ok]
+    if len(cal) == 0:
+        nc.slope = 1e9 / hz if hz else 1.0
+        nc.source = "tsc_hz" if hz else "none"
+        return nc
+    nc.ptp = bool(np.all(cal["flags"] & L.CALIB_F_PTP))
+    nc.source = "tai" if use_tai else "realtime"
+    nc.pairs = len(cal)
+    mid = cal["tsc_before"] + (cal["tsc_after"] - cal["tsc_before"]) // 2
+    nc.tsc0 = int(mid.min())
+    nc.ns0 = int(ns[np.argmin(mid)])
+    x = (mid.astype(np.int64) - nc.tsc0).astype(np.float64)
+    y = (ns.astype(np.int64) - nc.ns0).astype(np.float64)
+    if len(cal) >= 2 and np.ptp(x) > 0:
+        xm, ym = x.mean(), y.mean()
+        slope = float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum())
+        icpt = ym - slope * xm
+        nc.slope = slope
+        nc.ns0 = nc.ns0 + int(round(icpt))
+        nc.fit_residual_ns = float(np.sqrt(np.mean((y - (icpt + slope * x)) ** 2)))
+    else:
+        nc.slope = 1e9 / hz if hz else 1.0
+    return nc
+
+
+@dataclass
+class CausalPairs:
+    """a happened before b: node and first-pass ns of both ends."""
+    node_a: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    t_a: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    node_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    t_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __len__(self):
+        return len(self.t_a)
+
+    @staticmethod
+    def concat(items):
+        items = [i for i in items if len(i)]
+        if not items:
+            return CausalPairs()
+        return CausalPairs(*(np.concatenate([getattr(i, f) for i in items]) for f in ("node_a", "t_a", "node_b", "t_b")))
+
+
+def _window_estimates(pairs: CausalPairs, a: int, b: int, nwin: int):
+    """(t_mid, delta=err_b-err_a) per window where both directions have pairs."""
+    fwd = (pairs.node_a == a) & (pairs.node_b == b)
+    bwd = (pairs.node_a == b) & (pairs.node_b == a)
+    if not fwd.any() or not bwd.any():
+        return None
+    tf = pairs.t_a[fwd]  # times on node a's clock (both directions)
+    df = (pairs.t_b[fwd] - pairs.t_a[fwd]).astype(np.float64)
+    tb = pairs.t_b[bwd]
+    db = (pairs.t_b[bwd] - pairs.t_a[bwd]).astype(np.float64)  # = t_on_a - t_on_b
+    lo, hi = min(tf.min(), tb.min()), max(tf.max(), tb.max())
+    nwin = max(1, min(nwin, len(df) // 4, len(db) // 4))
+    edges = np.linspace(lo, hi + 1, nwin + 1)
+    wf = np.clip(np.searchsorted(edges, tf, "right") - 1, 0, nwin - 1)
+    wb = np.clip(np.searchsorted(edges, tb, "right") - 1, 0, nwin - 1)
+    minf = np.full(nwin, np.inf)
+    minb = np.full(nwin, np.inf)
+    np.minimum.at(minf, wf, df)
+    np.minimum.at(minb, wb, db)
+    sumt = np.zeros(nwin)
+    cnt = np.zeros(nwin)
+    np.add.at(sumt, wf, tf.astype(np.float64))
+    np.add.at(cnt, wf, 1)
+    np.add.at(sumt, wb, tb.astype(np.float64))
+    np.add.at(cnt, wb, 1)
+    ok = np.isfinite(minf) & np.isfinite(minb)
+    if not ok.any():
+        return None
+    return sumt[ok] / cnt[ok], (minf[ok] - minb[ok]) / 2.0, int(fwd.sum() + bwd.sum())
+
+
+def _solve(pairs: CausalPairs, nodes, ref, windows):
+    idx = {n: i for i, n in enumerate(nodes)}
+    rows, rhs, meta = [], [], []
+    for i, a in enumerate(nodes):
+        for b in nodes[i + 1:]:
+            est = _window_estimates(pairs, a, b, windows)
+            if est is None:
+                continue
+            tm, delta, npairs = est
+            rows.extend((a, b, float(t)) for t in tm)
+            rhs.extend(float(d) for d in delta)
+            meta.append((a, b, npairs))
+    if not rows:
+        return None
+    t_ref = float(np.mean([r[2] for r in rows]))
+    n = len(nodes)
+    nvar = 2 * n
+    scale = 1e9  # drift unknowns are per second of time
+    A = np.zeros((len(rows), nvar))
+    y = np.asarray(rhs)
+    for k, (a, b, t) in enumerate(rows):
+        A[k, 2 * idx[b]] += 1
+        A[k, 2 * idx[b] + 1] += (t - t_ref) / scale
+        A[k, 2 * idx[a]] -= 1
+        A[k, 2 * idx[a] + 1] -= (t - t_ref) / scale
+    pin = np.zeros((2, nvar))
+    pin[0, 2 * idx[ref]] = 1e6
+    pin[1, 2 * idx[ref] + 1] = 1e6
+    ridge = np.zeros((nvar, nvar))
+    for m in nodes:
+        ridge[2 * idx[m] + 1, 2 * idx[m] + 1] = 1e-3  # weak prior: no drift (matters only with 1 window)
+    sol, *_ = np.linalg.lstsq(np.vstack([A, pin, ridge]), np.concatenate([y, np.zeros(2 + nvar)]), rcond=None)
+    resid = y - A @ sol
+    per_node = {m: [] for m in nodes}
+    for k, (a, b, t) in enumerate(rows):
+        per_node[a].append(resid[k])
+        per_node[b].append(resid[k])
+    reach = {ref}
+    changed = True
+    while changed:
+        changed = False
+        for a, b, _ in meta:
+            if (a in reach) != (b in reach):
+                reach.update((a, b))
+                changed = True
+    est = {m: (float(sol[2 * idx[m]]), float(sol[2 * idx[m] + 1]) / scale) for m in nodes}
+    return dict(est=est, t_ref=t_ref, per_node=per_node, meta=meta, reach=reach, windows=len(rows))
+
+
+def refine(clocks: dict, pairs: CausalPairs, mode: str = "auto", windows: int = 16):
+    """Solve per-node offset/drift from causal pairs; updates ``clocks`` in place.
+
+    Two passes: offsets only (one window, so TSC origins that are arbitrary
+    without calibration are brought together), then offset + drift over
+    ``windows`` time windows on the pre-aligned times.  Returns a dict
+    describing what was done.
+    """
+    nodes = sorted(clocks)
+    info = {"mode": mode, "applied": False, "pairs": int(len(pairs)), "reference_node": None}
+    if mode == "never" or len(nodes) < 2 or len(pairs) == 0:
+        info["reason"] = "disabled" if mode == "never" else ("single node" if len(nodes) < 2 else "no matched pairs")
+        return info
+    ref = next((n for n in nodes if clocks[n].ptp), None)
+    if ref is None:
+        ref = next((n for n in nodes if clocks[n].pairs), nodes[0])
+    info["reference_node"] = int(ref)
+    s1 = _solve(pairs, nodes, ref, 1)
+    if s1 is None:
+        info["method"] = "bounds"
+        return _bounds_only(clocks, pairs, nodes, ref, info, mode)
+    o1 = {m: (s1["est"][m][0] if m in s1["reach"] else 0.0) for m in nodes}
+    lut = np.zeros(max(nodes) + 1)
+    for m in nodes:
+        lut[m] = o1[m]
+    adj = CausalPairs(pairs.node_a, pairs.t_a - np.rint(lut[pairs.node_a]).astype(np.int64),
+                      pairs.node_b, pairs.t_b - np.rint(lut[pairs.node_b]).astype(np.int64))
+    s2 = _solve(adj, nodes, ref, windows) or s1
+    est2 = s2["est"] if s2 is not s1 else {m: (0.0, 0.0) for m in nodes}
+    reach = s1["reach"]
+    res = {m: (float(np.sqrt(np.mean(np.square(s2["per_node"][m])))) if s2["per_node"][m] else float("nan"))
+           for m in nodes}
+    missing = any(clocks[m].pairs == 0 for m in nodes)
+    nonptp = any(not clocks[m].ptp for m in nodes)
+    disagrees = any(abs(o1[m] + est2[m][0]) > 1000.0 + 3 * (0 if np.isnan(res[m]) else res[m])
+                    for m in nodes if m in reach)
+    # auto: calibration missing -> apply; calibration present -> apply only when the matched-operation
+    # estimate is tight (residual < 2 µs) and disagrees with it by more than 5x that residual (and 2 µs)
+    tight = all((not np.isnan(res[m])) and res[m] < 2000.0 and len(s2["per_node"][m]) >= 3
+                for m in nodes if m in reach)
+    strong = any(abs(o1[m] + est2[m][0]) > max(2000.0, 5 * (0 if np.isnan(res[m]) else res[m]))
+                 for m in nodes if m in reach)
+    apply = mode == "always" or (mode == "auto" and (missing or (tight and strong and (nonptp or disagrees))))
+    info.update(method="matched-ops", windows=s2["windows"], calibration_missing=missing,
+                calibration_disagrees=bool(disagrees),
+                node_pairs=[[int(a), int(b), int(c)] for a, b, c in s1["meta"]])
+    for m in nodes:
+        c = clocks[m]
+        c.refine_residual_ns = res[m]
+        c.refine_pairs = int(sum(p for a, b, p in s1["meta"] if m in (a, b)))
+        if apply and m in reach and m != ref:
+            o2, d2 = est2[m]
+            # estimates are errors (measured - true) in the first-pass frame: subtract them
+            c.offset_ns = -(o1[m] + o2)
+            c.drift = -d2
+            c.ref_ns = s2["t_ref"] + o1[m]
+            c.refined = True
+            c.refine_method = "matched-ops"
+    info["applied"] = bool(apply)
+    info["unreached_nodes"] = [int(m) for m in nodes if m not in reach]
+    return info
+
+
+def _bounds_only(clocks, pairs, nodes, ref, info, mode):
+    """Only one direction between some nodes: shift a node so no pair runs backwards."""
+    applied = False
+    for m in nodes:
+        if m == ref:
+            continue
+        into = (pairs.node_b == m) & (pairs.node_a == ref)
+        outof = (pairs.node_a == m) & (pairs.node_b == ref)
+        lo, hi = -np.inf, np.inf  # bounds on err_m
+        if into.any():
+            hi = float((pairs.t_b[into] - pairs.t_a[into]).min())   # err_m <= min(d) (delay >= 0)
+        if outof.any():
+            lo = -float((pairs.t_b[outof] - pairs.t_a[outof]).min())
+        c = clocks[m]
+        c.refine_pairs = int(into.sum() + outof.sum())
+        shift = 0.0
+        if hi < 0:
+            shift = hi
+        elif lo > 0:
+            shift = lo
+        if np.isfinite(lo) and np.isfinite(hi):
+            shift = (lo + hi) / 2 if (mode == "always" or clocks[m].pairs == 0) else shift
+        elif clocks[m].pairs == 0 and np.isfinite(hi):
+            shift = hi
+        elif clocks[m].pairs == 0 and np.isfinite(lo):
+            shift = lo
+        if shift:
+            c.offset_ns = -shift
+            c.refined = True
+            c.refine_method = "bounds"
+            applied = True
+    info["applied"] = applied
+    return info

@@ -1,0 +1,1013 @@
+"""The correlator (F16, F24a, F24b): capture files -> ``Correlated`` columnar tables.
+
+Stages (each vectorised; Python loops only over processes, QPs and nodes):
+ 1. decode every file in a process pool (``decode.decode_file``), merge the
+    compact outputs into one ``EventStore``;
+ 2. processes, nodes, threads, GPUs from the headers and hijack records;
+ 3. per-node TSC -> ns fit from calibration pairs (``clock``);
+ 4. QP topology: local QPs (verbs and DevX), NIC identity (node GUID, GIDs,
+    LID) and recorded transitions (IBV_MODIFY_QP dest_qpn/dlid, DevX
+    INIT2RTR remote_qpn/rlid/rgid) -> remote QP across processes and nodes;
+ 5. doorbells and recovered WQEs (``decode_wqebbs`` in bulk), doorbell <->
+    WQE association by QPN and unwrapped producer index;
+ 6. operations (GPU doorbell WQEs, CPU work requests), each with its peer
+    side (target QP/process/node/GPU), send <-> receive matching, post ->
+    completion pairing (per-WR latency);
+ 7. F24b clock refinement from matched operations, then every ``*_ns``
+    column on the final time base;
+ 8. flows, barriers, losses.
+"""
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import TraceFormatError
+from ..format import events as E
+from ..format import layout as L
+from ..format.reader import capture_files
+from . import clock as C
+from .decode import decode_file
+from .store import EventStore
+from .util import group_starts, lookup, pq_key, rank_in_group, unwrap16_near
+
+try:  # mlx5 knowledge lives in sigmatrace.mlx5 (contract 4)
+    from .. import mlx5 as M
+except Exception:  # pragma: no cover - the package is part of the tree
+    M = None
+
+# ibv_wr_opcode -> mlx5 send opcode (rdma-core qp.c mlx5_ib_opcode[], ref §2.1)
+IBV_WR_TO_MLX5 = {0: 0x08, 1: 0x09, 2: 0x0A, 3: 0x0B, 4: 0x10, 5: 0x11, 6: 0x12, 7: 0x1B, 8: 0x18, 9: 0x01, 10: 0x0E}
+IBV_WC_RECV = 128
+IBV_WC_RECV_RDMA_WITH_IMM = 129
+IBV_SEND_SIGNALED = 2
+IBV_QPS_RTR = 2
+OPCODE_NAMES = dict(M.OPCODE_NAMES) if M else {}
+OPCODE_NAMES.setdefault(0xFF, "UNKNOWN")
+WRITE_OPS = (0x08, 0x09)
+READ_OPS = (0x10,)
+SEND_OPS = (0x0A, 0x0B, 0x01)
+CONSUMES_RECV = (0x0A, 0x0B, 0x01, 0x09)
+ATOMIC_OPS = (0x11, 0x12, 0x14, 0x15)
+DATA_OPS = WRITE_OPS + READ_OPS + SEND_OPS + ATOMIC_OPS
+SRC_VERBS, SRC_DOORBELL, SRC_POST = 0, 1, 2
+SOURCE_NAMES = {SRC_VERBS: "verbs_wr", SRC_DOORBELL: "doorbell", SRC_POST: "verbs_post"}
+
+
+def _opname(codes):
+    lut = np.array([OPCODE_NAMES.get(i, f"OP_{i:#x}") for i in range(256)], dtype=object)
+    return lut[np.asarray(codes, np.int64) & 0xFF]
+
+
+@dataclass
+class Correlated:
+    tables: dict = field(default_factory=dict)      # name -> dict of numpy columns
+    clock: dict = field(default_factory=dict)       # node -> NodeClock
+    clock_info: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    files: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+    node_labels: list = field(default_factory=list)
+
+    def __getitem__(self, name):
+        return self.tables[name]
+
+    def arrow(self, name):
+        import pyarrow as pa
+        return pa.table({k: _to_arrow_col(v) for k, v in self.tables[name].items()})
+
+
+def _to_arrow_col(v):
+    import pyarrow as pa
+    v = np.asarray(v)
+    if v.dtype == object:
+        return pa.array(list(v), type=pa.string()).dictionary_encode()
+    return pa.array(v)
+
+
+def _norm_gid(g):
+    if g is None:
+        return None
+    if isinstance(g, int):
+        return f"{g:032x}" if g else None
+    s = str(g).lower().replace(":", "").replace("0x", "")
+    if not s.strip("0"):
+        return None
+    return s.zfill(32)
+
+
+def _norm_guid(g):
+    if g is None:
+        return None
+    if isinstance(g, int):
+        return f"{g:016x}"
+    s = str(g).lower().replace(":", "").replace("0x", "")
+    return s.zfill(16) if s.strip("0") else None
+
+
+def _decode_all(paths, workers, progress):
+    if workers is None:
+        workers = os.cpu_count() or 1
+    workers = max(1, min(workers, len(paths)))
+    results = []
+    if workers == 1:
+        for p in paths:
+            results.append(decode_file(p))
+            if progress:
+                progress(1)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            for r in ex.map(decode_file, paths):
+                results.append(r)
+                if progress:
+                    progress(1)
+    return results
+
+
+def correlate(capture, workers=None, clock_refine="auto", progress=None, refine_windows=16) -> Correlated:
+    """Correlate a capture (file, directory of process files, or list of files).
+
+    ``clock_refine``: "auto" (refine from matched operations when calibration
+    pairs are missing, not PTP-disciplined, or disagree with them), "always",
+    "never".  ``progress``: optional callable(stage_name, n) for progress bars.
+    """
+    out = Correlated()
+    paths = capture_files(capture)
+    out.files = [str(p) for p in paths]
+    tick = (lambda n: progress("decode", n)) if progress else None
+    results = _decode_all(paths, workers, tick)
+    procs = []
+    seen = {}
+    for r in results:
+        if r.error:
+            out.warnings.append(f"{r.error}; file skipped")
+        out.warnings.extend(r.warnings)
+        out.losses.extend(r.losses)
+        for p in r.processes:
+            if p.uid in seen:
+                out.warnings.append(f"{p.path}: process uid {p.uid:#x} duplicates the one in {seen[p.uid]}; ignored")
+                continue
+            seen[p.uid] = p.path
+            procs.append(p)
+    for path, off, nb, why in out.losses:
+        out.warnings.append(f"{path}: lost {nb} bytes at offset {off}: {why}")
+    if not procs:
+        raise TraceFormatError("no process data could be read from the capture", paths[0] if paths else None)
+    if progress:
+        progress("merge", 0)
+    st = EventStore(procs)
+    out.stats["events"] = int(st.n)
+    out.stats["processes"] = len(procs)
+    _build(out, st, procs, clock_refine, refine_windows, progress)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+def _build(out, st, procs, clock_refine, refine_windows, progress):
+    T = out.tables
+    nproc = len(procs)
+    # ---- processes and nodes --------------------------------------------------------------
+    node_key, node_of = {}, np.zeros(nproc, np.int64)
+    ranks = np.full(nproc, -1, np.int64)
+    for i, p in enumerate(procs):
+        h = p.header or {}
+        key = h.get("node_id") if h.get("node_id") not in (None, "") else h.get("host")
+        if key is None:
+            key = f"unknown-{p.uid:x}"
+        key = str(key)
+        if key not in node_key:
+            node_key[key] = len(node_key)
+        node_of[i] = node_key[key]
+        r = h.get("rank")
+        ranks[i] = int(r) if isinstance(r, (int, float)) or (isinstance(r, str) and r.lstrip("-").isdigit()) else -1
+    labels = [None] * len(node_key)
+    for i, p in enumerate(procs):
+        h = p.header or {}
+        n = node_of[i]
+        if labels[n] is None:
+            labels[n] = str(h.get("host") or next(k for k, v in node_key.items() if v == n))
+    if len(set(labels)) < len(labels):
+        labels = [f"{l}#{k}" for k, l in enumerate(labels)]
+    out.node_labels = labels
+    rk, cnt = np.unique(ranks[ranks >= 0], return_counts=True)
+    for r in rk[cnt > 1]:
+        who = [procs[i].path for i in np.flatnonzero(ranks == r)]
+        out.warnings.append(f"rank {int(r)} appears in {len(who)} processes ({', '.join(sorted(set(who)))}); "
+                            f"kept apart by process uid")
+    for i, p in enumerate(procs):
+        if ranks[i] < 0:
+            ranks[i] = -1
+    ws = {int((p.header or {}).get("world_size") or 0) for p in procs}
+    ws.discard(0)
+    if ws:
+        world = max(ws)
+        missing = sorted(set(range(world)) - set(int(r) for r in ranks if r >= 0))
+        if missing:
+            out.warnings.append(f"world_size is {world} but ranks {missing[:16]}{'…' if len(missing) > 16 else ''} "
+                                f"have no process file; their traffic is seen only from their peers")
+    dropped = np.zeros(nproc, np.int64)
+    drops_t = st.table("DROPS")
+    np.add.at(dropped, drops_t["process"].astype(np.int64), drops_t["dropped"].astype(np.int64))
+    for i, p in enumerate(procs):
+        dropped[i] = max(dropped[i], int((p.end or {}).get("dropped_events", 0) or 0))
+    T["processes"] = dict(
+        process=np.arange(nproc, dtype=np.int64),
+        uid=np.array([f"{p.uid:016x}" for p in procs], dtype=object),
+        path=np.array([p.path for p in procs], dtype=object),
+        host=np.array([str((p.header or {}).get("host", "")) for p in procs], dtype=object),
+        node=node_of,
+        node_label=np.array([labels[n] for n in node_of], dtype=object),
+        rank=ranks,
+        pid=np.array([int((p.header or {}).get("pid") or -1) for p in procs], np.int64),
+        mode=np.array([str((p.header or {}).get("mode", "")) for p in procs], dtype=object),
+        complete=np.array([p.end is not None for p in procs]),
+        has_header=np.array([p.header is not None for p in procs]),
+        events=np.array([p.n_events for p in procs], np.int64),
+        dropped_events=dropped,
+        tsc_hz=np.array([float((p.header or {}).get("tsc_hz") or 0) for p in procs]),
+        gpus=np.array([json.dumps((p.header or {}).get("gpus", [])) for p in procs], dtype=object),
+        nics=np.array([json.dumps((p.header or {}).get("nics", [])) for p in procs], dtype=object),
+    )
+    # ---- clocks -----------------------------------------------------------------------------
+    clocks = {}
+    for n in range(len(node_key)):
+        members = np.flatnonzero(node_of == n)
+        clocks[n] = C.fit_node(n, [procs[i].calibration for i in members],
+                               [(procs[i].header or {}).get("tsc_hz") for i in members])
+        if clocks[n].pairs == 0:
+            out.warnings.append(f"node {labels[n]}: no calibration pairs; its time base comes from matched "
+                                f"operations only (F24b)")
+    out.clock = clocks
+    proc_node = node_of
+
+    def to_ns(proc_idx, tsc, first=False):
+        proc_idx = np.asarray(proc_idx, np.int64)
+        res = np.zeros(len(tsc), np.int64)
+        nodes = proc_node[proc_idx] if len(proc_idx) else np.zeros(0, np.int64)
+        for n, c in clocks.items():
+            m = nodes == n
+            if m.any():
+                res[m] = c.to_ns_first(tsc[m]) if first else c.to_ns(tsc[m])
+        return res
+
+    # ---- threads, hijack, GPUs ----------------------------------------------------------------
+    hj = st.table("DB_HIJACK_INSTALL")
+    th_rows = []
+    for i, p in enumerate(procs):
+        for ti, info in sorted(p.threads.items()):
+            th_rows.append((i, int(ti), int(info.get("tid") or -1), str(info.get("name", "")), str(info.get("role", ""))))
+    thread_gpu_key = pq_key(hj["process"], hj["thread"])
+    hj_gpu = hj["gpu"].astype(np.int64)
+    hj_page = hj["page_id"].astype(np.int64)
+    # side JSON may override gpu
+    for k in range(len(hj["idx"])):
+        js = procs[int(hj["process"][k])].side_json.get(int(hj["side_id"][k]))
+        if isinstance(js, dict):
+            if js.get("gpu") is not None:
+                hj_gpu[k] = int(js["gpu"])
+            if js.get("page_id") is not None:
+                hj_page[k] = int(js["page_id"])
+    known_threads = {(a, b) for a, b, *_ in th_rows}
+    for k in range(len(hj["idx"])):
+        key = (int(hj["process"][k]), int(hj["thread"][k]))
+        if key not in known_threads:
+            th_rows.append((key[0], key[1], -1, "", "poller"))
+            known_threads.add(key)
+    th_rows.sort()
+    th_proc = np.array([r[0] for r in th_rows], np.int64)
+    th_idx = np.array([r[1] for r in th_rows], np.int64)
+    th_gpu = lookup(thread_gpu_key, hj_gpu, pq_key(th_proc, th_idx)) if th_rows else np.zeros(0, np.int64)
+    T["threads"] = dict(process=th_proc, thread=th_idx, tid=np.array([r[2] for r in th_rows], np.int64),
+                        name=np.array([r[3] for r in th_rows], dtype=object),
+                        role=np.array([r[4] for r in th_rows], dtype=object), gpu_ordinal=th_gpu,
+                        node=proc_node[th_proc] if th_rows else np.zeros(0, np.int64))
+
+    # global GPU ids: (process, ordinal) -> gpu; uuid shared across processes on a node merges
+    gpu_map = {}
+    gpu_rows = []
+
+    def gpu_id(proc_i, ordinal, use=True):
+        key = (proc_i, ordinal)
+        if key in gpu_map:
+            gid_ = gpu_map[key]
+            if use and not gpu_rows[gid_]["used"]:   # the process that rings its doorbells owns it
+                gpu_rows[gid_].update(process=proc_i, rank=int(ranks[proc_i]), used=True)
+            return gid_
+        h = procs[proc_i].header or {}
+        uuid = None
+        for g in h.get("gpus", []) or []:
+            if isinstance(g, dict) and int(g.get("ordinal", -99)) == ordinal:
+                uuid = g.get("uuid")
+        nid = int(proc_node[proc_i])
+        for gid_, row in enumerate(gpu_rows):
+            if uuid and row["uuid"] == uuid and row["node"] == nid:
+                gpu_map[key] = gid_
+                if use and not row["used"]:
+                    row.update(process=proc_i, rank=int(ranks[proc_i]), used=True)
+                return gid_
+        gid_ = len(gpu_rows)
+        gpu_rows.append(dict(gpu=gid_, node=nid, process=proc_i, rank=int(ranks[proc_i]), ordinal=ordinal,
+                             uuid=uuid or "", used=use))
+        gpu_map[key] = gid_
+        return gid_
+
+    for k in range(len(hj_gpu)):
+        gpu_id(int(hj["process"][k]), int(hj_gpu[k]))
+    for i, p in enumerate(procs):
+        for g in (p.header or {}).get("gpus", []) or []:
+            if isinstance(g, dict) and g.get("ordinal") is not None:
+                gpu_id(i, int(g["ordinal"]), use=False)
+
+    # ---- NIC identity ---------------------------------------------------------------------
+    nic_rows = []   # (nic_id, process, node, name, guid)
+    by_guid, by_gid, by_lid = {}, {}, {}
+    proc_nics = {}
+    for i, p in enumerate(procs):
+        lst = []
+        for nic in (p.header or {}).get("nics", []) or []:
+            if not isinstance(nic, dict):
+                continue
+            guid = _norm_guid(nic.get("node_guid") or nic.get("guid"))
+            key = ("guid", guid) if guid else ("name", int(proc_node[i]), str(nic.get("name")))
+            if key in by_guid:
+                nid = by_guid[key]
+            else:
+                nid = len(nic_rows)
+                by_guid[key] = nid
+                nic_rows.append((nid, i, int(proc_node[i]), str(nic.get("name", "")), guid or ""))
+            lst.append((nid, str(nic.get("name", "")), guid))
+            ports = nic.get("ports") or [nic]
+            for port in ports:
+                if not isinstance(port, dict):
+                    continue
+                lid = port.get("lid")
+                if lid:
+                    by_lid.setdefault(int(lid), nid)
+                gids = port.get("gids") or ([port["gid"]] if port.get("gid") else [])
+                for g in gids:
+                    ng = _norm_gid(g)
+                    if ng:
+                        by_gid.setdefault(ng, nid)
+        proc_nics[i] = lst
+
+    def nic_for(proc_i, js):
+        lst = proc_nics.get(proc_i) or []
+        if isinstance(js, dict):
+            want = js.get("device") or js.get("nic") or js.get("ibdev")
+            guid = _norm_guid(js.get("node_guid") or js.get("guid"))
+            for nid, name, g in lst:
+                if (guid and g == guid) or (want and name == want):
+                    return nid
+        if lst:
+            return lst[0][0]
+        return -1 - int(proc_node[proc_i])   # unknown NIC: one per node
+
+    # ---- QPs ------------------------------------------------------------------------------
+    qp = {}   # (process, qpn) -> dict
+
+    def qp_row(pi, qpn):
+        key = (pi, qpn)
+        if key not in qp:
+            qp[key] = dict(process=pi, qpn=qpn, nic=nic_for(pi, None), kind="implicit", qp_type=-1,
+                           log_sq_size=-1, uar_page=-1, remote_qpn=-1, rlid=0, rgid=None, sq_sig_all=False,
+                           create_tsc=0)
+        return qp[key]
+
+    cq = st.table("IBV_CREATE_QP")
+    for k in range(len(cq["idx"])):
+        pi, qpn = int(cq["process"][k]), int(cq["qpn"][k])
+        js = procs[pi].side_json.get(int(cq["side_id"][k]))
+        r = qp_row(pi, qpn)
+        r.update(kind="verbs", qp_type=int(cq["qp_type"][k]), nic=nic_for(pi, js), create_tsc=int(cq["tsc"][k]))
+        if isinstance(js, dict):
+            r["sq_sig_all"] = bool(js.get("sq_sig_all", False))
+    dc = st.table("MLX5_DEVX_OBJ_CREATE")
+    bad_prm = 0
+    for k in np.flatnonzero(dc["prm_opcode"] == 0x500):
+        pi = int(dc["process"][k])
+        rec = procs[pi].side_prm.get(int(dc["side_id"][k]))
+        qpn = int(dc["number"][k])
+        parsed = None
+        if rec is not None and M is not None:
+            try:
+                parsed = M.parse_create_qp(rec[0], rec[1] if len(rec[1]) >= 16 else None)
+            except Exception:
+                bad_prm += 1
+        if parsed is not None and parsed.qpn:
+            qpn = int(parsed.qpn)
+        r = qp_row(pi, qpn)
+        r.update(kind="devx", create_tsc=int(dc["tsc"][k]))
+        if parsed is not None:
+            r.update(log_sq_size=int(parsed.log_sq_size), uar_page=int(parsed.uar_page), qp_type=int(parsed.st))
+            if parsed.remote_qpn:
+                r["remote_qpn"] = int(parsed.remote_qpn)
+    mq = st.table("IBV_MODIFY_QP")
+    for k in np.flatnonzero((mq["dest_qpn"] != 0) | (mq["state"] == IBV_QPS_RTR)):
+        pi, qpn = int(mq["process"][k]), int(mq["qpn"][k])
+        r = qp_row(pi, qpn)
+        if mq["dest_qpn"][k] or mq["state"][k] == IBV_QPS_RTR:
+            r["remote_qpn"] = int(mq["dest_qpn"][k])
+            r["rlid"] = int(mq["dlid"][k])
+        js = procs[pi].side_json.get(int(mq["side_id"][k]))
+        if isinstance(js, dict):
+            g = js.get("dgid") or js.get("remote_gid") or js.get("rgid")
+            if g:
+                r["rgid"] = _norm_gid(g)
+            if js.get("dest_qp_num") is not None and not r["remote_qpn"] > 0:
+                r["remote_qpn"] = int(js["dest_qp_num"])
+    dm = st.table("MLX5_DEVX_OBJ_MODIFY")
+    for k in range(len(dm["idx"])):
+        if int(dm["prm_opcode"][k]) not in (0x502, 0x503, 0x504, 0x505):
+            continue
+        pi = int(dm["process"][k])
+        rec = procs[pi].side_prm.get(int(dm["side_id"][k]))
+        if rec is None or M is None:
+            continue
+        try:
+            mp = M.parse_modify_qp(rec[0])
+        except Exception:
+            bad_prm += 1
+            continue
+        qpn = int(mp.qpn or dm["qpn"][k])
+        r = qp_row(pi, qpn)
+        if mp.transition == "INIT2RTR" or (mp.remote_qpn or 0):
+            if mp.remote_qpn is not None:
+                r["remote_qpn"] = int(mp.remote_qpn)
+            if mp.rlid:
+                r["rlid"] = int(mp.rlid)
+            if mp.grh and mp.rgid_rip:
+                r["rgid"] = _norm_gid(int(mp.rgid_rip))
+    if bad_prm:
+        out.warnings.append(f"{bad_prm} DevX PRM command record(s) could not be decoded")
+    # QPs referenced by doorbells / WQEs / work requests without a creation record
+    db = st.table("DB_DOORBELL")
+    wq = st.table("DB_WQE")
+    swr = st.table("IBV_SEND_WR")
+    ps = st.table("IBV_POST_SEND")
+    wrc = st.table("IBV_WR_COMPLETE")
+    wc = st.table("IBV_WC")
+    for t in (db, wq, swr, ps, wrc):
+        if len(t["idx"]):
+            keys = np.unique(pq_key(t["process"], t["qpn"]))
+            for kk in keys:
+                qp_row(int(kk >> 32), int(kk & 0xFFFFFFFF))
+    # QP ids
+    qkeys = sorted(qp)
+    for i, key in enumerate(qkeys):
+        qp[key]["qp_id"] = i
+    nq = len(qkeys)
+    q_proc = np.array([qp[k]["process"] for k in qkeys], np.int64)
+    q_qpn = np.array([qp[k]["qpn"] for k in qkeys], np.int64)
+    q_nic = np.array([qp[k]["nic"] for k in qkeys], np.int64)
+    q_key = pq_key(q_proc, q_qpn) if nq else np.zeros(0, np.int64)
+    q_ids = np.arange(nq, dtype=np.int64)
+
+    def qp_of(proc_arr, qpn_arr):
+        return lookup(q_key, q_ids, pq_key(proc_arr, qpn_arr))
+
+    # remote resolution
+    by_nic_qpn = {}
+    for key in qkeys:
+        r = qp[key]
+        by_nic_qpn.setdefault((r["nic"], r["qpn"]), []).append(r["qp_id"])
+    by_qpn = {}
+    for key in qkeys:
+        by_qpn.setdefault(qp[key]["qpn"], []).append(qp[key]["qp_id"])
+    remote = np.full(nq, -1, np.int64)
+    how = np.array([""] * nq, dtype=object)
+    unresolved = 0
+    for key in qkeys:
+        r = qp[key]
+        rq = r["remote_qpn"]
+        if rq is None or rq < 0:
+            continue
+        i = r["qp_id"]
+        cand = None
+        nic = None
+        if r["rgid"]:
+            nic = by_gid.get(r["rgid"])
+            if nic is not None:
+                cand = by_nic_qpn.get((nic, rq))
+                how[i] = "gid"
+        if cand is None and r["rlid"]:
+            nic = by_lid.get(r["rlid"])
+            if nic is not None:
+                cand = by_nic_qpn.get((nic, rq))
+                how[i] = "lid"
+        if not cand:
+            # no hardware address recorded (or not resolvable): a QP with that number whose own
+            # remote is this QP's number, on another process
+            c = [j for j in by_qpn.get(rq, []) if q_proc[j] != r["process"]
+                 and qp[qkeys[j]]["remote_qpn"] == r["qpn"]]
+            if len(c) > 1:
+                c2 = [j for j in c if q_nic[j] != r["nic"]]
+                c = c2 or c
+            if len(c) == 1:
+                cand = c
+                how[i] = "mutual-qpn"
+            elif len(c) > 1:
+                out.warnings.append(f"QP {r['qpn']:#x} of process {r['process']}: remote QPN {rq:#x} is ambiguous "
+                                    f"({len(c)} candidates, no GID/LID recorded)")
+        if cand:
+            remote[i] = cand[0]
+        else:
+            unresolved += 1
+            how[i] = "unresolved"
+    if unresolved:
+        out.warnings.append(f"{unresolved} connected QP(s) have a remote QPN that matches no traced QP "
+                            f"(peer process not traced or its file missing)")
+
+    # ---- doorbells -------------------------------------------------------------------------
+    nd = len(db["idx"])
+    d_proc = db["process"].astype(np.int64)
+    d_qp = qp_of(d_proc, db["qpn"])
+    d_tsc = db["tsc"]
+    d_pi = db["producer_index"].astype(np.int64)
+    d_gpu_ord = lookup(thread_gpu_key, hj_gpu, pq_key(d_proc, db["thread"]))
+    # WQE records
+    nwr = len(wq["idx"])
+    w_proc = wq["process"].astype(np.int64)
+    w_qp = qp_of(w_proc, wq["qpn"])
+    rec_heads, rec_bodies = [], []
+    rec_ok = np.zeros(nwr, bool)
+    rec_flags = np.zeros(nwr, np.int64)
+    rec_first = wq["first_wqe_index"].astype(np.int64)
+    rec_lsq = np.full(nwr, -1, np.int64)
+    rec_len = np.zeros(nwr, np.int64)
+    for k in range(nwr):
+        rec = procs[int(w_proc[k])].side_wqe.get(int(wq["side_id"][k]))
+        if rec is None:
+            continue
+        head, body = rec
+        rec_ok[k] = True
+        rec_flags[k] = head[4]
+        rec_first[k] = head[1]
+        rec_lsq[k] = head[3]
+        rec_len[k] = len(body) // 64
+        rec_bodies.append(body)
+    missing_wqe_side = int(nwr - rec_ok.sum())
+    if missing_wqe_side:
+        out.warnings.append(f"{missing_wqe_side} DB_WQE event(s) point at WQE bytes that are not in the capture")
+    # per-QP log_sq_size from WQE records where DevX create is missing
+    for k in np.flatnonzero(rec_ok & (rec_lsq > 0)):
+        r = qp[qkeys[int(w_qp[k])]]
+        if r["log_sq_size"] < 0:
+            r["log_sq_size"] = int(rec_lsq[k])
+    # bulk decode
+    okr = np.flatnonzero(rec_ok)
+    slot_rec = np.repeat(okr, rec_len[okr])
+    slot_off = np.arange(len(slot_rec)) - np.repeat(np.cumsum(rec_len[okr]) - rec_len[okr], rec_len[okr])
+    if len(slot_rec) and M is not None:
+        blob = np.frombuffer(b"".join(rec_bodies), np.uint8)
+        dec = M.decode_wqebbs(blob)
+        starts = np.cumsum(rec_len[okr]) - rec_len[okr]
+        if not dec["is_head"][starts].all():
+            # a record ends inside a WQE: decode record by record so each starts at a head
+            parts = []
+            for s, n in zip(starts, rec_len[okr]):
+                parts.append(M.decode_wqebbs(blob[s * 64:(s + n) * 64]))
+            dec = np.concatenate(parts)
+    else:
+        dec = np.zeros(0, M.WQEBB_DTYPE if M else [("is_head", "?")])
+    heads = np.flatnonzero(dec["is_head"]) if len(dec) else np.zeros(0, np.int64)
+    hrec = slot_rec[heads]
+    exp_index = (rec_first[hrec] + slot_off[heads]) & 0xFFFF
+    hd = dec[heads]
+    index_ok = hd["wqe_index"].astype(np.int64) == exp_index
+    qpn_ok = hd["qpn"].astype(np.int64) == (wq["qpn"][hrec].astype(np.int64) & 0xFFFFFF)
+    wqe_valid = hd["valid"] & index_ok & qpn_ok
+    bad = int((~wqe_valid).sum())
+    if bad:
+        out.warnings.append(f"{bad} recovered WQE(s) failed validation (index/QPN/segments); kept, flagged invalid")
+    w_n = len(heads)
+    we_proc = w_proc[hrec]
+    we_qp = w_qp[hrec]
+    we_tsc = wq["tsc"][hrec]
+    we_idx16 = exp_index
+    we_nbb = hd["num_wqebbs"].astype(np.int64)
+    # doorbell <-> WQE association, per QP, with unwrapped producer indices
+    order_d = np.lexsort((np.arange(nd), d_tsc, d_qp)) if nd else np.zeros(0, np.int64)
+    sq = d_qp[order_d]
+    gs = group_starts(sq)
+    pis = d_pi[order_d]
+    # base (PI before the first doorbell of a QP): the first recovered WQE index on that QP, else 0
+    first_w = {}
+    if w_n:
+        ow = np.lexsort((we_tsc, we_qp))
+        fq = group_starts(we_qp[ow])
+        for j in ow[fq]:
+            first_w[int(we_qp[j])] = int(we_idx16[j])
+    prev = np.empty(nd, np.int64)
+    if nd:
+        prev[1:] = pis[:-1]
+        firsts = np.flatnonzero(gs)
+        prev[firsts] = [first_w.get(int(q), 0) for q in sq[firsts]]
+    delta = (pis - prev) & 0xFFFF
+    # unwrapped counters: base + cumulative delta within each QP group
+    grp = np.cumsum(gs) - 1
+    csum = np.cumsum(delta)
+    grp_first = np.flatnonzero(gs)
+    base_cs = (csum - delta)[grp_first]
+    U = prev[grp_first][grp] + csum - base_cs[grp] if nd else np.zeros(0, np.int64)
+    d_U = np.empty(nd, np.int64)
+    d_prevU = np.empty(nd, np.int64)
+    d_delta = np.empty(nd, np.int64)
+    d_U[order_d] = U
+    d_prevU[order_d] = U - delta
+    d_delta[order_d] = delta
+    # reference doorbell for each WQE: the last doorbell on its QP at or before its record time
+    we_db = np.full(w_n, -1, np.int64)
+    we_U = np.full(w_n, -1, np.int64)
+    if w_n and nd:
+        # merge doorbells and wqe records ordered by (qp, tsc, doorbell first)
+        allq = np.concatenate([sq, we_qp])
+        allt = np.concatenate([d_tsc[order_d], we_tsc])
+        kind = np.concatenate([np.zeros(nd, np.int8), np.ones(w_n, np.int8)])
+        pos = np.concatenate([np.arange(nd), np.full(w_n, -1)])
+        o = np.lexsort((kind, allt, allq))
+        last = np.maximum.accumulate(np.where(kind[o] == 0, pos[o], -1))
+        lastq = np.where(last >= 0, sq[np.maximum(last, 0)], -2)
+        is_w = kind[o] == 1
+        widx = o[is_w] - nd
+        ref = last[is_w]
+        same = lastq[is_w] == allq[o][is_w]
+        # no earlier doorbell on the QP: use the first doorbell of that QP
+        firstpos = lookup(sq[grp_first], grp_first, we_qp[widx])
+        ref = np.where(same, ref, firstpos)
+        have = ref >= 0
+        refU = np.where(have, U[np.maximum(ref, 0)], 0)
+        wu = unwrap16_near(refU, we_idx16[widx])
+        # the record was copied after its doorbell: if the WQE lies past that doorbell's PI use the next
+        key = sq.astype(np.int64) * (1 << 40) + U
+        jj = np.searchsorted(key, we_qp[widx].astype(np.int64) * (1 << 40) + wu, side="right")
+        jj_c = np.minimum(jj, max(nd - 1, 0))
+        hit = have & (jj < nd) & (sq[jj_c] == we_qp[widx]) & (U[jj_c] - delta[jj_c] <= wu)
+        we_db[widx[hit]] = order_d[jj_c[hit]]
+        we_U[widx] = np.where(have, wu, -1)
+    # duplicates (the same WQE recovered twice): keep the first record of each (qp, unwrapped index)
+    dup = np.zeros(w_n, bool)
+    if w_n:
+        kk = np.where(we_U >= 0, we_qp * (1 << 40) + we_U, -1 - np.arange(w_n))
+        o = np.lexsort((we_tsc, kk))
+        dd = ~group_starts(kk[o])
+        dup[o[dd]] = True
+    we_db[dup] = -1
+    cover = np.zeros(nd, np.int64)
+    nwq = np.zeros(nd, np.int64)
+    a = we_db >= 0
+    np.add.at(cover, we_db[a], we_nbb[a])
+    np.add.at(nwq, we_db[a], 1)
+    # lost ranges
+    lost = st.table("DB_WQE_LOST")
+    l_qp = qp_of(lost["process"], lost["qpn"])
+    d_lost = np.zeros(nd, np.int64)
+    if len(l_qp) and nd:
+        # attribute each loss to the last doorbell on that QP at or before it
+        allq = np.concatenate([sq, l_qp])
+        allt = np.concatenate([d_tsc[order_d], lost["tsc"]])
+        kind = np.concatenate([np.zeros(nd, np.int8), np.ones(len(l_qp), np.int8)])
+        pos = np.concatenate([np.arange(nd), np.full(len(l_qp), -1)])
+        o = np.lexsort((kind, allt, allq))
+        last = np.maximum.accumulate(np.where(kind[o] == 0, pos[o], -1))
+        is_l = kind[o] == 1
+        li = o[is_l] - nd
+        ref = last[is_l]
+        ok = (ref >= 0) & (sq[np.maximum(ref, 0)] == l_qp[li])
+        np.add.at(d_lost, order_d[ref[ok]], lost["num_wqebb"][li[ok]].astype(np.int64))
+    d_gpu = np.full(nd, -1, np.int64)
+    if nd:
+        dk = pq_key(d_proc, d_gpu_ord + 1)
+        uk = np.unique(dk)
+        gids = np.array([gpu_id(int(k >> 32), int(k & 0xFFFFFFFF) - 1) if (k & 0xFFFFFFFF) > 0 else -1
+                         for k in uk.tolist()], np.int64)
+        d_gpu = lookup(uk, gids, dk)
+    complete = (cover == d_delta) & (d_lost == 0)
+    T["doorbells"] = dict(doorbell_id=np.arange(nd, dtype=np.int64), process=d_proc, thread=db["thread"].astype(np.int64),
+                          node=proc_node[d_proc] if nd else np.zeros(0, np.int64), qp_id=d_qp,
+                          qpn=db["qpn"].astype(np.int64), producer_index=d_pi, raw=db["raw"],
+                          tsc=d_tsc, gpu=d_gpu, delta_wqebbs=d_delta, pi_unwrapped=d_U, wqes=nwq,
+                          covered_wqebbs=cover, lost_wqebbs=d_lost, complete=complete)
+    # GPU of each QP: most common doorbell GPU, else uar_page -> hijacked page -> gpu
+    q_gpu = np.full(nq, -1, np.int64)
+    if nd:
+        ok = (d_gpu >= 0) & (d_qp >= 0)
+        if ok.any():
+            uk, cc = np.unique(pq_key(d_qp[ok], d_gpu[ok]), return_counts=True)
+            qq, gg = uk >> 32, uk & 0xFFFFFFFF
+            o = np.lexsort((-cc, qq))
+            f = group_starts(qq[o])
+            q_gpu[qq[o][f]] = gg[o][f]
+    page_gpu = {(int(p), int(pg)): int(g) for p, pg, g in zip(hj["process"], hj_page, hj_gpu)}
+    for key in qkeys:
+        r = qp[key]
+        i = r["qp_id"]
+        if q_gpu[i] < 0 and r["uar_page"] >= 0 and (r["process"], r["uar_page"]) in page_gpu:
+            q_gpu[i] = gpu_id(r["process"], page_gpu[(r["process"], r["uar_page"])])
+        if q_gpu[i] < 0 and r["kind"] == "devx":
+            gl = [g for g in ((procs[r["process"]].header or {}).get("gpus") or []) if isinstance(g, dict)]
+            if len(gl) == 1 and gl[0].get("ordinal") is not None:
+                q_gpu[i] = gpu_id(r["process"], int(gl[0]["ordinal"]))
+    # ---- WQE table ----------------------------------------------------------------------------
+    T["wqes"] = dict(
+        wqe_id=np.arange(w_n, dtype=np.int64), process=we_proc, node=proc_node[we_proc] if w_n else np.zeros(0, np.int64),
+        qp_id=we_qp, qpn=hd["qpn"].astype(np.int64) if w_n else np.zeros(0, np.int64),
+        wqe_index=we_idx16, wqe_unwrapped=we_U, num_wqebbs=we_nbb,
+        opcode=hd["opcode"].astype(np.int64) if w_n else np.zeros(0, np.int64),
+        opcode_name=_opname(hd["opcode"]) if w_n else np.zeros(0, object),
+        opmod=hd["opmod"].astype(np.int64) if w_n else np.zeros(0, np.int64),
+        bytes=hd["total_bytes"].astype(np.int64) if w_n else np.zeros(0, np.int64),
+        raddr=hd["raddr"] if w_n else np.zeros(0, np.uint64),
+        rkey=hd["rkey"].astype(np.int64) if w_n else np.zeros(0, np.int64),
+        laddr=hd["dseg_addr"] if w_n else np.zeros(0, np.uint64),
+        signaled=((hd["fm_ce_se"] & 0x0C) >= 0x08) if w_n else np.zeros(0, bool),
+        fm_ce_se=hd["fm_ce_se"].astype(np.int64) if w_n else np.zeros(0, np.int64),
+        inline=hd["inline"] if w_n else np.zeros(0, bool),
+        valid=wqe_valid, duplicate=dup, doorbell_id=we_db, record_tsc=we_tsc,
+        verified=((rec_flags[hrec] & L.WQE_F_VERIFIED) != 0) if w_n else np.zeros(0, bool),
+    )
+    # ---- operations ---------------------------------------------------------------------------
+    ops_parts = []
+    wsel = np.flatnonzero(~dup & np.isin(T["wqes"]["opcode"], DATA_OPS)) if w_n else np.zeros(0, np.int64)
+    db_qps = set(np.unique(we_qp[wsel]).tolist()) if len(wsel) else set()
+    if len(wsel):
+        dbi = we_db[wsel]
+        has_db = dbi >= 0
+        ops_parts.append(dict(
+            source=np.full(len(wsel), SRC_DOORBELL, np.int64), process=we_proc[wsel],
+            thread=np.where(has_db, T["doorbells"]["thread"][np.maximum(dbi, 0)] if nd else -1, -1),
+            qp_id=we_qp[wsel], tsc=np.where(has_db, d_tsc[np.maximum(dbi, 0)] if nd else we_tsc[wsel], we_tsc[wsel]),
+            opcode=T["wqes"]["opcode"][wsel], bytes=T["wqes"]["bytes"][wsel], raddr=T["wqes"]["raddr"][wsel],
+            rkey=T["wqes"]["rkey"][wsel], wr_id=np.full(len(wsel), -1, np.int64), num_wr=np.ones(len(wsel), np.int64),
+            doorbell_id=dbi, wqe_id=wsel, signaled=T["wqes"]["signaled"][wsel],
+            gpu=np.where(has_db, d_gpu[np.maximum(dbi, 0)] if nd else -1, q_gpu[we_qp[wsel]])))
+    s_qp = qp_of(swr["process"], swr["qpn"])
+    s_keep = ~np.isin(s_qp, list(db_qps)) if len(s_qp) else np.zeros(0, bool)
+    wr_qps = set(np.unique(s_qp[s_keep]).tolist())
+    if s_keep.any():
+        k = np.flatnonzero(s_keep)
+        code = np.array([IBV_WR_TO_MLX5.get(int(c), 0xFF) for c in range(256)], np.int64)[swr["opcode"][k].astype(np.int64) & 0xFF]
+        ops_parts.append(dict(
+            source=np.full(len(k), SRC_VERBS, np.int64), process=swr["process"][k].astype(np.int64),
+            thread=swr["thread"][k].astype(np.int64), qp_id=s_qp[k], tsc=swr["tsc"][k], opcode=code,
+            bytes=swr["bytes"][k].astype(np.int64), raddr=swr["raddr"][k], rkey=swr["rkey"][k].astype(np.int64),
+            wr_id=swr["wr_id"][k].astype(np.int64), num_wr=np.ones(len(k), np.int64),
+            doorbell_id=np.full(len(k), -1, np.int64), wqe_id=np.full(len(k), -1, np.int64),
+            signaled=((swr["send_flags"][k] & IBV_SEND_SIGNALED) != 0), gpu=q_gpu[s_qp[k]]))
+    for tb, is_post in ((ps, True), (wrc, False)):
+        p_qp = qp_of(tb["process"], tb["qpn"])
+        keep = ~np.isin(p_qp, list(db_qps | wr_qps)) if len(p_qp) else np.zeros(0, bool)
+        if keep.any():
+            k = np.flatnonzero(keep)
+            if is_post:
+                code = np.array([IBV_WR_TO_MLX5.get(int(c), 0xFF) for c in range(256)], np.int64)[
+                    tb["opcode"][k].astype(np.int64) & 0xFF]
+                wr_id = tb["wr_id"][k].astype(np.int64)
+            else:
+                code = np.full(len(k), 0xFF, np.int64)
+                wr_id = np.full(len(k), -1, np.int64)
+            ops_parts.append(dict(
+                source=np.full(len(k), SRC_POST, np.int64), process=tb["process"][k].astype(np.int64),
+                thread=tb["thread"][k].astype(np.int64), qp_id=p_qp[k], tsc=tb["tsc"][k], opcode=code,
+                bytes=tb["bytes"][k].astype(np.int64), raddr=np.zeros(len(k), np.uint64),
+                rkey=np.zeros(len(k), np.int64), wr_id=wr_id, num_wr=tb["num_wr"][k].astype(np.int64),
+                doorbell_id=np.full(len(k), -1, np.int64), wqe_id=np.full(len(k), -1, np.int64),
+                signaled=np.ones(len(k), bool), gpu=q_gpu[p_qp[k]]))
+    cols = ("source", "process", "thread", "qp_id", "tsc", "opcode", "bytes", "raddr", "rkey", "wr_id", "num_wr",
+            "doorbell_id", "wqe_id", "signaled", "gpu")
+    if ops_parts:
+        ops = {c: np.concatenate([np.asarray(p[c]) for p in ops_parts]) for c in cols}
+    else:
+        ops = {c: np.zeros(0, np.int64) for c in cols}
+        ops["tsc"] = np.zeros(0, np.uint64)
+        ops["raddr"] = np.zeros(0, np.uint64)
+        ops["signaled"] = np.zeros(0, bool)
+    no = len(ops["tsc"])
+    ops["process"] = ops["process"].astype(np.int64)
+    ops["op_id"] = np.arange(no, dtype=np.int64)
+    ops["node"] = proc_node[ops["process"]] if no else np.zeros(0, np.int64)
+    ops["rank"] = ranks[ops["process"]] if no else np.zeros(0, np.int64)
+    ops["qpn"] = q_qpn[ops["qp_id"]] if no else np.zeros(0, np.int64)
+    dqp = remote[ops["qp_id"]] if no else np.zeros(0, np.int64)
+    ok = dqp >= 0
+    dqc = np.maximum(dqp, 0)
+    ops["dst_qp_id"] = dqp
+    ops["dst_qpn"] = np.where(ok, q_qpn[dqc], -1) if no else np.zeros(0, np.int64)
+    ops["dst_process"] = np.where(ok, q_proc[dqc], -1) if no else np.zeros(0, np.int64)
+    ops["dst_node"] = np.where(ok, proc_node[q_proc[dqc]], -1) if no else np.zeros(0, np.int64)
+    ops["dst_rank"] = np.where(ok, ranks[q_proc[dqc]], -1) if no else np.zeros(0, np.int64)
+    ops["dst_gpu"] = np.where(ok, q_gpu[dqc], -1) if no else np.zeros(0, np.int64)
+    ops["matched"] = ok
+    ops["opcode_name"] = _opname(ops["opcode"]) if no else np.zeros(0, object)
+    ops["source_name"] = np.array([SOURCE_NAMES[s] for s in range(3)], dtype=object)[ops["source"]] if no else np.zeros(0, object)
+    # data direction: RDMA_READ moves bytes from the target to the initiator
+    is_read = np.isin(ops["opcode"], READ_OPS)
+    ops["is_read"] = is_read
+    # ---- completions (F24a) -------------------------------------------------------------------
+    nwc = len(wc["idx"])
+    c_proc = wc["process"].astype(np.int64)
+    c_qp = qp_of(c_proc, wc["qpn"])
+    c_op = np.full(nwc, -1, np.int64)
+    is_recv = wc["opcode"].astype(np.int64) >= IBV_WC_RECV
+    # post -> completion: (qp, wr_id, k-th occurrence) among signaled WRs of the QP
+    op_compl = np.full(no, -1, np.int64)
+    if nwc and no:
+        cand = (ops["wr_id"] >= 0) & (ops["source"] != SRC_DOORBELL)
+        any_sig = np.zeros(nq + 1, bool)
+        if cand.any():
+            any_sig[ops["qp_id"][cand & ops["signaled"]]] = True
+        sig_all = np.array([qp[k]["sq_sig_all"] for k in qkeys] + [False], bool)
+        use = cand & (ops["signaled"] | ~any_sig[ops["qp_id"]] | sig_all[ops["qp_id"]])
+        ou = np.flatnonzero(use)
+        cs = np.flatnonzero(~is_recv)
+        if len(ou) and len(cs):
+            gk_o = pq_key(ops["qp_id"][ou] + 1, ops["wr_id"][ou] & 0xFFFFFFFF)
+            gk_c = pq_key(c_qp[cs] + 1, wc["wr_id"][cs].astype(np.int64) & 0xFFFFFFFF)
+            ro = rank_in_group(gk_o, ops["tsc"][ou].astype(np.float64))
+            rc = rank_in_group(gk_c, wc["tsc"][cs].astype(np.float64))
+            # combined key (group, rank)
+            m_keys_o = np.stack([gk_o, ro], 1)
+            m_keys_c = np.stack([gk_c, rc], 1)
+            _, io, ic = _intersect_rows(m_keys_o, m_keys_c)
+            op_compl[ou[io]] = cs[ic]
+            c_op[cs[ic]] = ou[io]
+    # send <-> receive matching on the connected QP: k-th recv-consuming op <-> k-th recv completion
+    op_peer = np.full(no, -1, np.int64)
+    if nwc and no:
+        snd = np.flatnonzero(np.isin(ops["opcode"], CONSUMES_RECV) & (ops["dst_qp_id"] >= 0))
+        rcv = np.flatnonzero(is_recv & (c_qp >= 0))
+        if len(snd) and len(rcv):
+            rs = rank_in_group(ops["dst_qp_id"][snd], _order_key(ops, snd))
+            rr = rank_in_group(c_qp[rcv], wc["tsc"][rcv].astype(np.float64))
+            _, i_s, i_r = _intersect_rows(np.stack([ops["dst_qp_id"][snd], rs], 1), np.stack([c_qp[rcv], rr], 1))
+            op_peer[snd[i_s]] = rcv[i_r]
+            c_op[rcv[i_r]] = snd[i_s]
+    # ---- clock refinement (F24b) ------------------------------------------------------------
+    c_tsc = wc["tsc"]
+    pairs = []
+    if no:
+        p_ok = op_peer >= 0
+        if p_ok.any():
+            s_i = np.flatnonzero(p_ok)
+            r_i = op_peer[s_i]
+            pairs.append(C.CausalPairs(ops["node"][s_i], to_ns(ops["process"][s_i], ops["tsc"][s_i], True),
+                                       proc_node[c_proc[r_i]], to_ns(c_proc[r_i], c_tsc[r_i], True)))
+            both = s_i[op_compl[s_i] >= 0]
+            if len(both):
+                pairs.append(C.CausalPairs(proc_node[c_proc[op_peer[both]]], to_ns(c_proc[op_peer[both]], c_tsc[op_peer[both]], True),
+                                           ops["node"][both], to_ns(c_proc[op_compl[both]], c_tsc[op_compl[both]], True)))
+    if no:
+        pairs.append(_alternation_pairs(ops, remote, proc_node, lambda pi, ts: to_ns(pi, ts, True)))
+    cp = C.CausalPairs.concat(pairs)
+    if progress:
+        progress("clock", 0)
+    out.clock_info = C.refine(clocks, cp, clock_refine, windows=refine_windows)
+    for n, c in clocks.items():
+        if c.refined:
+            out.warnings.append(f"node {labels[n]}: clock corrected by {c.offset_ns / 1e3:+.3f} µs, drift "
+                                f"{c.drift * 1e6:+.3f} ppm from {c.refine_pairs} matched operation pairs "
+                                f"({c.refine_method}; residual {c.refine_residual_ns:.0f} ns)")
+    # ---- final time columns ---------------------------------------------------------------------
+    ops["ns"] = to_ns(ops["process"], ops["tsc"])
+    T["doorbells"]["ns"] = to_ns(d_proc, d_tsc)
+    T["wqes"]["record_ns"] = to_ns(we_proc, we_tsc)
+    c_ns = to_ns(c_proc, c_tsc)
+    ops["complete_ns"] = np.where(op_compl >= 0, c_ns[np.maximum(op_compl, 0)] if nwc else 0, -1) if no else np.zeros(0, np.int64)
+    ops["latency_ns"] = np.where(op_compl >= 0, ops["complete_ns"] - ops["ns"], -1) if no else np.zeros(0, np.int64)
+    ops["peer_completion"] = op_peer
+    ops["peer_ns"] = np.where(op_peer >= 0, c_ns[np.maximum(op_peer, 0)] if nwc else 0, -1) if no else np.zeros(0, np.int64)
+    ops["completion"] = op_compl
+    T["ops"] = ops
+    T["completions"] = dict(
+        completion_id=np.arange(nwc, dtype=np.int64), process=c_proc, thread=wc["thread"].astype(np.int64),
+        node=proc_node[c_proc] if nwc else np.zeros(0, np.int64), qp_id=c_qp, qpn=wc["qpn"].astype(np.int64),
+        wr_id=wc["wr_id"].astype(np.int64), status=wc["status"].astype(np.int64), wc_opcode=wc["opcode"].astype(np.int64),
+        byte_len=wc["byte_len"].astype(np.int64), is_recv=is_recv, tsc=c_tsc, ns=c_ns, op_id=c_op,
+        latency_ns=np.where((c_op >= 0) & ~is_recv, c_ns - (ops["ns"][np.maximum(c_op, 0)] if no else 0), -1)
+        if nwc else np.zeros(0, np.int64))
+    # QP table
+    qrows = [qp[k] for k in qkeys]
+    T["qps"] = dict(
+        qp_id=q_ids, process=q_proc, node=proc_node[q_proc] if nq else np.zeros(0, np.int64),
+        rank=ranks[q_proc] if nq else np.zeros(0, np.int64), gpu=q_gpu, qpn=q_qpn, nic=q_nic,
+        kind=np.array([r["kind"] for r in qrows], dtype=object), qp_type=np.array([r["qp_type"] for r in qrows], np.int64),
+        log_sq_size=np.array([r["log_sq_size"] for r in qrows], np.int64),
+        uar_page=np.array([r["uar_page"] for r in qrows], np.int64),
+        remote_qpn=np.array([r["remote_qpn"] for r in qrows], np.int64),
+        rlid=np.array([r["rlid"] for r in qrows], np.int64),
+        rgid=np.array([r["rgid"] or "" for r in qrows], dtype=object),
+        remote_qp_id=remote, resolved_by=how,
+        remote_process=np.where(remote >= 0, q_proc[np.maximum(remote, 0)], -1) if nq else np.zeros(0, np.int64),
+        remote_node=np.where(remote >= 0, proc_node[q_proc[np.maximum(remote, 0)]], -1) if nq else np.zeros(0, np.int64),
+        remote_rank=np.where(remote >= 0, ranks[q_proc[np.maximum(remote, 0)]], -1) if nq else np.zeros(0, np.int64),
+        remote_gpu=np.where(remote >= 0, q_gpu[np.maximum(remote, 0)], -1) if nq else np.zeros(0, np.int64),
+    )
+    T["nics"] = dict(nic=np.array([r[0] for r in nic_rows], np.int64), process=np.array([r[1] for r in nic_rows], np.int64),
+                     node=np.array([r[2] for r in nic_rows], np.int64), name=np.array([r[3] for r in nic_rows], dtype=object),
+                     node_guid=np.array([r[4] for r in nic_rows], dtype=object))
+    T["gpus"] = dict(gpu=np.array([g["gpu"] for g in gpu_rows], np.int64), node=np.array([g["node"] for g in gpu_rows], np.int64),
+                     process=np.array([g["process"] for g in gpu_rows], np.int64),
+                     rank=np.array([g["rank"] for g in gpu_rows], np.int64),
+                     ordinal=np.array([g["ordinal"] for g in gpu_rows], np.int64),
+                     uuid=np.array([g["uuid"] for g in gpu_rows], dtype=object),
+                     label=np.array([f"{labels[g['node']]}/gpu{g['ordinal']}" + (f"@r{g['rank']}" if g["rank"] >= 0 else "")
+                                     for g in gpu_rows], dtype=object))
+    T["nodes"] = dict(node=np.arange(len(labels), dtype=np.int64), label=np.array(labels, dtype=object),
+                      processes=np.bincount(node_of, minlength=len(labels)).astype(np.int64))
+    # ---- events -------------------------------------------------------------------------------
+    if progress:
+        progress("events", 0)
+    ev_ns = to_ns(st.process, st.tsc)
+    T["events"] = dict(process=st.process.astype(np.int64), thread=st.thread.astype(np.int64), tsc=st.tsc, ns=ev_ns,
+                       type=st.type.astype(np.int64), aux=st.aux.astype(np.int64), obj=st.obj.astype(np.int64), arg=st.arg)
+    out._store = st  # for exporters (type names, EXT fields)
+    # ---- clock table --------------------------------------------------------------------------
+    T["clock"] = dict(
+        node=np.array(sorted(clocks), np.int64), label=np.array([labels[n] for n in sorted(clocks)], dtype=object),
+        source=np.array([clocks[n].source for n in sorted(clocks)], dtype=object),
+        calibration_pairs=np.array([clocks[n].pairs for n in sorted(clocks)], np.int64),
+        ptp=np.array([clocks[n].ptp for n in sorted(clocks)]),
+        ns_per_tick=np.array([clocks[n].slope for n in sorted(clocks)]),
+        fit_residual_ns=np.array([clocks[n].fit_residual_ns for n in sorted(clocks)]),
+        offset_ns=np.array([clocks[n].offset_ns for n in sorted(clocks)]),
+        drift_ppm=np.array([clocks[n].drift * 1e6 for n in sorted(clocks)]),
+        refined=np.array([clocks[n].refined for n in sorted(clocks)]),
+        refine_pairs=np.array([clocks[n].refine_pairs for n in sorted(clocks)], np.int64),
+        residual_ns=np.array([clocks[n].refine_residual_ns for n in sorted(clocks)]),
+        method=np.array([clocks[n].refine_method or "calibration" for n in sorted(clocks)], dtype=object))
+    # ---- flows, barriers, losses ------------------------------------------------------------------
+    from . import derived
+    derived.build_flows(out)
+    derived.build_barriers(out)
+    derived.build_losses(out, procs)
+    derived.build_aggregates(out, procs, qp_of, remote, q_proc, q_gpu, proc_node, ranks)
+
+
+def _order_key(ops, idx):
+    return ops["tsc"][idx].astype(np.float64)
+
+
+def _intersect_rows(a, b):
+    """Rows (int64 pairs) present in both: (common, index in a, index in b); keys unique per side."""
+    if len(a) == 0 or len(b) == 0:
+        return None, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    av = np.ascontiguousarray(a.astype(np.int64)).view([("x", np.int64), ("y", np.int64)]).ravel()
+    bv = np.ascontiguousarray(b.astype(np.int64)).view([("x", np.int64), ("y", np.int64)]).ravel()
+    common, ia, ib = np.intersect1d(av, bv, assume_unique=False, return_indices=True)
+    return common, ia, ib
+
+
+def _alternation_pairs(ops, remote, proc_node, first_ns):
+    """Causal pairs from request/response alternation on a connected QP pair across nodes.
+
+    When A's k-th operation on qa -> B and B's k-th on qb -> A strictly alternate
+    (ping-pong: A_k < B_k < A_k+1, or B first), each hop is causal.  Which side
+    starts is unknown without a common clock, so both orders are tested: the
+    order is accepted only if the clock offset it implies has a non-empty
+    feasible interval (every delay positive) and the other order's is empty.
+    Streams that do not alternate (bursts, one-way traffic) are left alone.
+    """
+    out = []
+    if not len(ops["op_id"]):
+        return C.CausalPairs()
+    ok = (ops["dst_qp_id"] >= 0) & (ops["dst_node"] != ops["node"])
+    qps = np.unique(ops["qp_id"][ok])
+    done = set()
+    for qa in qps.tolist():
+        qb = int(remote[qa])
+        if qb < 0 or (qb, qa) in done or qb not in qps:
+            continue
+        done.add((qa, qb))
+        ia = np.flatnonzero(ops["qp_id"] == qa)
+        ib = np.flatnonzero(ops["qp_id"] == qb)
+        if min(len(ia), len(ib)) < 8 or abs(len(ia) - len(ib)) > 1:
+            continue
+        ta = first_ns(ops["process"][ia], ops["tsc"][ia])
+        tb = first_ns(ops["process"][ib], ops["tsc"][ib])
+        ia, ta = ia[np.argsort(ta, kind="stable")], np.sort(ta)
+        ib, tb = ib[np.argsort(tb, kind="stable")], np.sort(tb)
+        n = min(len(ta), len(tb))
+
+        def feasible(x, y):  # x_k -> y_k -> x_{k+1}: bounds on err_y - err_x
+            hi = (y[:n] - x[:n]).min()
+            m = min(n, len(x) - 1)
+            lo = (y[:m] - x[1:m + 1]).max() if m > 0 else -np.inf
+            return lo <= hi
+        h1, h2 = feasible(ta, tb), feasible(tb, ta)
+        if not (h1 or h2):
+            continue
+        if h1 and h2:
+            # a perfect alternation fits both orders (shifted by one period): the initiator is taken
+            # to be the lower rank (ping-pong convention); with clocks the bounds decide
+            ra, rb = ops["rank"][ia[0]], ops["rank"][ib[0]]
+            h1, h2 = bool(ra <= rb), bool(rb < ra)
+        x_t, y_t, xi, yi = (ta, tb, ia, ib) if h1 else (tb, ta, ib, ia)
+        na, nb = proc_node[ops["process"][xi[0]]], proc_node[ops["process"][yi[0]]]
+        m = min(n, len(x_t) - 1)
+        out.append(C.CausalPairs(np.full(n, na), x_t[:n], np.full(n, nb), y_t[:n]))
+        out.append(C.CausalPairs(np.full(m, nb), y_t[:m], np.full(m, na), x_t[1:m + 1]))
+    return C.CausalPairs.concat(out)

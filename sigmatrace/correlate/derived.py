@@ -1,0 +1,205 @@
+"""Tables derived from the correlated operations: flows, barriers, losses, aggregates.
+
+Barrier recognition (documented in docs/report.md):
+ * a *barrier address* is a remote location (target process, raddr) that
+   receives fetch-and-add style atomics (ATOMIC_FA, ATOMIC_MASKED_FA) from at
+   least two participants (GPUs, or processes for CPU-initiated traffic), and
+   every participant hits it the same number of times — the signature of a
+   counter that each member bumps once per barrier (NVSHMEM-style
+   barrier_all / sync).  Visited-vertex compare-and-swap traffic (CS) and
+   irregular fetch-adds (unequal counts) are not barriers.
+ * barrier instance k = the k-th hit of every participant (time order on the
+   participant's own QP); with several barrier addresses (dissemination or
+   all-to-all signalling) a participant's arrival at instance k is its
+   earliest k-th hit across them.  Addresses are grouped by their episode
+   count; each group is one barrier *series*.
+ * per instance: first/last arrival, spread = last - first, arrival order,
+   straggler = last arrival.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..format import events as E
+from .util import group_starts, rank_in_group
+
+BARRIER_OPS = (0x12, 0x15)   # ATOMIC_FA, ATOMIC_MASKED_FA
+
+
+def build_flows(out):
+    ops = out.tables["ops"]
+    m = np.flatnonzero(ops["dst_qp_id"] >= 0)
+    peer = ops["peer_ns"][m]
+    comp = ops["complete_ns"][m]
+    dst_ns = np.where(peer >= 0, peer, np.where(comp >= 0, comp, ops["ns"][m]))
+    kind = np.where(peer >= 0, "send-recv", np.where(comp >= 0, "op-completion", "one-sided"))
+    out.tables["flows"] = dict(
+        flow_id=np.arange(len(m), dtype=np.int64), op_id=m, src_qp_id=ops["qp_id"][m], src_process=ops["process"][m],
+        src_node=ops["node"][m], src_ns=ops["ns"][m], dst_qp_id=ops["dst_qp_id"][m], dst_process=ops["dst_process"][m],
+        dst_node=ops["dst_node"][m], dst_ns=dst_ns, kind=kind.astype(object), bytes=ops["bytes"][m],
+        opcode_name=ops["opcode_name"][m])
+
+
+def build_barriers(out, ops_codes=BARRIER_OPS):
+    ops = out.tables["ops"]
+    T = out.tables
+    sel = np.flatnonzero(np.isin(ops["opcode"], ops_codes) & (ops["dst_process"] >= 0))
+    empty_b = dict(barrier=np.zeros(0, np.int64), series=np.zeros(0, np.int64), instance=np.zeros(0, np.int64),
+                   participants=np.zeros(0, np.int64), first_ns=np.zeros(0, np.int64), last_ns=np.zeros(0, np.int64),
+                   spread_ns=np.zeros(0, np.int64), first_participant=np.zeros(0, np.int64),
+                   straggler=np.zeros(0, np.int64), straggler_rank=np.zeros(0, np.int64),
+                   straggler_gpu=np.zeros(0, np.int64), straggler_label=np.zeros(0, object),
+                   arrival_order=np.zeros(0, object))
+    empty_a = dict(barrier=np.zeros(0, np.int64), participant=np.zeros(0, np.int64), gpu=np.zeros(0, np.int64),
+                   process=np.zeros(0, np.int64), rank=np.zeros(0, np.int64), node=np.zeros(0, np.int64),
+                   label=np.zeros(0, object), ns=np.zeros(0, np.int64), position=np.zeros(0, np.int64),
+                   wait_ns=np.zeros(0, np.int64), op_id=np.zeros(0, np.int64))
+    T["barriers"], T["barrier_arrivals"] = empty_b, empty_a
+    if len(sel) == 0:
+        return
+    gpu = ops["gpu"][sel]
+    part = np.where(gpu >= 0, gpu, -1 - ops["process"][sel])
+    # address key: (dst process, raddr)
+    addr = np.stack([ops["dst_process"][sel].astype(np.int64), ops["raddr"][sel].astype(np.uint64).view(np.int64)], 1)
+    ua, ainv = np.unique(addr, axis=0, return_inverse=True)
+    ainv = ainv.ravel()
+    # per (address, participant) hit counts
+    ap = np.stack([ainv, part], 1)
+    uap, apinv, apcnt = np.unique(ap, axis=0, return_inverse=True, return_counts=True)
+    apinv = apinv.ravel()
+    na = len(ua)
+    nparts = np.bincount(uap[:, 0], minlength=na)
+    cmin = np.full(na, np.iinfo(np.int64).max)
+    cmax = np.zeros(na, np.int64)
+    np.minimum.at(cmin, uap[:, 0], apcnt)
+    np.maximum.at(cmax, uap[:, 0], apcnt)
+    is_bar_addr = (nparts >= 2) & (cmin == cmax)
+    keep = is_bar_addr[ainv]
+    if not keep.any():
+        return
+    sel, part, ainv = sel[keep], part[keep], ainv[keep]
+    episodes = cmax[ainv]
+    # series: addresses grouped by (participant set size, episode count)
+    series_key = np.stack([nparts[ainv], episodes], 1)
+    us, sinv = np.unique(series_key, axis=0, return_inverse=True)
+    sinv = sinv.ravel()
+    # k-th hit of each participant at each address
+    gk = ainv.astype(np.int64) * (1 << 32) + (part + (1 << 20))
+    k = rank_in_group(gk, ops["ns"][sel].astype(np.float64))
+    # arrival(series, k, participant) = earliest over the series' addresses
+    key = np.stack([sinv, k, part], 1)
+    uk, kinv = np.unique(key, axis=0, return_inverse=True)
+    kinv = kinv.ravel()
+    arr_ns = np.full(len(uk), np.iinfo(np.int64).max)
+    np.minimum.at(arr_ns, kinv, ops["ns"][sel])
+    arr_op = np.full(len(uk), -1, np.int64)
+    # op id of the earliest hit
+    o = np.lexsort((ops["ns"][sel], kinv))
+    f = group_starts(kinv[o])
+    arr_op[kinv[o][f]] = sel[o][f]
+    # barrier id per (series, k)
+    bk = uk[:, :2]
+    ub, binv = np.unique(bk, axis=0, return_inverse=True)
+    binv = binv.ravel()
+    nb = len(ub)
+    first = np.full(nb, np.iinfo(np.int64).max)
+    last = np.full(nb, np.iinfo(np.int64).min)
+    np.minimum.at(first, binv, arr_ns)
+    np.maximum.at(last, binv, arr_ns)
+    npart = np.bincount(binv, minlength=nb)
+    # arrival order
+    o = np.lexsort((uk[:, 2], arr_ns, binv))
+    pos = rank_in_group(binv, arr_ns.astype(np.float64) + uk[:, 2] * 1e-6)
+    wait = last[binv] - arr_ns
+    # participant labels
+    g = T["gpus"]
+    labels = {}
+    for gi, lab in zip(g["gpu"], g["label"]):
+        labels[int(gi)] = str(lab)
+    procs = T["processes"]
+    p_idx = np.where(uk[:, 2] >= 0, -1, -1 - uk[:, 2])
+    gpu_of = np.where(uk[:, 2] >= 0, uk[:, 2], -1)
+    g_proc = dict(zip(g["gpu"].tolist(), g["process"].tolist()))
+    proc_of = np.array([g_proc.get(int(x), -1) if x >= 0 else int(p) for x, p in zip(gpu_of, p_idx)], np.int64)
+    lab = np.array([labels.get(int(x), f"gpu{x}") if x >= 0 else f"rank{procs['rank'][p]}" if procs["rank"][p] >= 0
+                    else f"process{p}" for x, p in zip(gpu_of, proc_of)], dtype=object)
+    rank_of = np.where(proc_of >= 0, procs["rank"][np.maximum(proc_of, 0)], -1)
+    node_of = np.where(proc_of >= 0, procs["node"][np.maximum(proc_of, 0)], -1)
+    T["barrier_arrivals"] = dict(barrier=binv.astype(np.int64), participant=uk[:, 2], gpu=gpu_of, process=proc_of,
+                                 rank=rank_of, node=node_of, label=lab, ns=arr_ns, position=pos, wait_ns=wait,
+                                 op_id=arr_op)
+    last_i = np.full(nb, -1, np.int64)
+    first_i = np.full(nb, -1, np.int64)
+    oo = np.lexsort((uk[:, 2], arr_ns, binv))
+    fs = group_starts(binv[oo])
+    ls = np.append(fs[1:], True)
+    first_i[binv[oo][fs]] = oo[fs]
+    last_i[binv[oo][ls]] = oo[ls]
+    orders = [[] for _ in range(nb)]
+    for j in oo:
+        orders[binv[j]].append(str(lab[j]))
+    T["barriers"] = dict(
+        barrier=np.arange(nb, dtype=np.int64), series=ub[:, 0].astype(np.int64), instance=ub[:, 1].astype(np.int64),
+        participants=npart.astype(np.int64), first_ns=first, last_ns=last, spread_ns=last - first,
+        first_participant=uk[first_i, 2], straggler=uk[last_i, 2], straggler_rank=rank_of[last_i],
+        straggler_gpu=gpu_of[last_i], straggler_label=lab[last_i],
+        arrival_order=np.array([json.dumps(x) for x in orders], dtype=object))
+
+
+def build_losses(out, procs):
+    rows = []
+    for path, off, nb, why in out.losses:
+        rows.append(("file", -1, path, int(nb), 0, f"offset {off}: {why}"))
+    P = out.tables["processes"]
+    for i, p in enumerate(procs):
+        if P["dropped_events"][i]:
+            rows.append(("dropped_events", i, p.path, 0, int(P["dropped_events"][i]), "events the tracer dropped"))
+        if p.end is None:
+            rows.append(("incomplete_process", i, p.path, 0, 0, "no END chunk (killed, or file cut)"))
+        if p.header is None:
+            rows.append(("missing_header", i, p.path, 0, 0, "no PROCESS header chunk"))
+        if p.side_bad:
+            rows.append(("bad_side_records", i, p.path, 0, int(p.side_bad), "side records that could not be parsed"))
+    D = out.tables["doorbells"]
+    lost_total = np.bincount(D["process"], weights=D["lost_wqebbs"], minlength=len(procs)).astype(np.int64) if len(D["process"]) else np.zeros(len(procs), np.int64)
+    incomplete = np.bincount(D["process"], weights=~D["complete"], minlength=len(procs)).astype(np.int64) if len(D["process"]) else np.zeros(len(procs), np.int64)
+    for i in np.flatnonzero(lost_total):
+        rows.append(("wqe_lost", int(i), procs[i].path, 0, int(lost_total[i]), "WQEBBs the poller could not recover"))
+    for i in np.flatnonzero(incomplete):
+        rows.append(("doorbell_unrecovered", int(i), procs[i].path, 0, int(incomplete[i]),
+                     "doorbells whose producer-index range is not fully covered by recovered WQEs"))
+    out.tables["losses"] = dict(kind=np.array([r[0] for r in rows], dtype=object), process=np.array([r[1] for r in rows], np.int64),
+                                path=np.array([r[2] for r in rows], dtype=object), bytes=np.array([r[3] for r in rows], np.int64),
+                                count=np.array([r[4] for r in rows], np.int64), detail=np.array([r[5] for r in rows], dtype=object))
+
+
+def build_aggregates(out, procs, qp_of, remote, q_proc, q_gpu, proc_node, ranks):
+    """AGGREGATE-mode counters; QP-keyed ones (obj = qpn) get their peer from the topology."""
+    parts = [(i, p.aggregates, p.aggregate_thread) for i, p in enumerate(procs) if len(p.aggregates)]
+    if not parts:
+        z = np.zeros(0, np.int64)
+        out.tables["aggregates"] = dict(process=z, thread=z, type=z, type_name=np.zeros(0, object), aux=z, obj=z, peer=z,
+                                        count=z, bytes=z, qp_id=z, dst_process=z, dst_node=z, dst_rank=z, dst_gpu=z,
+                                        node=z, rank=z, gpu=z)
+        return
+    proc = np.concatenate([np.full(len(a), i, np.int64) for i, a, _ in parts])
+    a = np.concatenate([a for _, a, _ in parts])
+    thr = np.concatenate([t for _, _, t in parts]).astype(np.int64)
+    names = np.array([E.name_of(t) for t in range(0, 0x700)], dtype=object)
+    tp = a["type"].astype(np.int64)
+    qp_keyed = np.isin(tp, [E.value(n) for n in ("IBV_POST_SEND", "IBV_SEND_WR", "IBV_WR_COMPLETE", "DB_DOORBELL",
+                                                  "DB_WQE", "IBV_POST_RECV")])
+    qid = np.where(qp_keyed, qp_of(proc, a["obj"]), -1)
+    rq = np.where(qid >= 0, remote[np.maximum(qid, 0)], -1) if len(remote) else np.full(len(qid), -1)
+    ok = rq >= 0
+    dproc = np.where(ok, q_proc[np.maximum(rq, 0)], -1) if len(q_proc) else np.full(len(qid), -1)
+    out.tables["aggregates"] = dict(
+        process=proc, thread=thr, type=tp, type_name=names[np.minimum(tp, len(names) - 1)], aux=a["aux"].astype(np.int64),
+        obj=a["obj"].astype(np.int64), peer=a["peer"].view(np.int64), count=a["count"].view(np.int64),
+        bytes=a["bytes"].view(np.int64), qp_id=qid, node=proc_node[proc], rank=ranks[proc],
+        gpu=np.where(qid >= 0, q_gpu[np.maximum(qid, 0)], -1) if len(q_gpu) else np.full(len(qid), -1),
+        dst_process=dproc, dst_node=np.where(ok, proc_node[np.maximum(dproc, 0)], -1),
+        dst_rank=np.where(ok, ranks[np.maximum(dproc, 0)], -1),
+        dst_gpu=np.where(ok, q_gpu[np.maximum(rq, 0)], -1) if len(q_gpu) else np.full(len(qid), -1))

@@ -1,0 +1,104 @@
+"""JSON aggregates (summary.json): per-QP bandwidth, per-GPU volume, rank and node matrices,
+drops/losses, clock residuals, skew, barriers, time range."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+
+def _clean(x):
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return [_clean(v) for v in x.tolist()]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        f = float(x)
+        return None if math.isnan(f) or math.isinf(f) else f
+    if isinstance(x, (np.bool_,)):
+        return bool(x)
+    return x
+
+
+def _rows(con, sql):
+    cur = con.execute(sql)
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def build_summary(corr, con=None, perfetto_stats=None):
+    from ..analysis import comm_matrix, skew
+    from ..query import connect, run_named
+    con = con or connect(corr)
+    T = corr.tables
+    ops = T["ops"]
+    ev = T["events"]
+    t = ev["ns"]
+    P = T["processes"]
+    s = {
+        "files": corr.files,
+        "processes": int(len(P["process"])),
+        "nodes": list(T["nodes"]["label"]),
+        "ranks": sorted(int(r) for r in set(P["rank"].tolist()) if r >= 0),
+        "events": int(len(t)),
+        "time_range_ns": [int(t.min()), int(t.max())] if len(t) else None,
+        "duration_s": float((t.max() - t.min()) / 1e9) if len(t) else 0.0,
+        "operations": int(len(ops["op_id"])),
+        "operations_matched": int(ops["matched"].sum()) if len(ops["op_id"]) else 0,
+        "bytes_total": int(ops["bytes"].sum()) if len(ops["op_id"]) else 0,
+        "by_opcode": {str(k): int(v) for k, v in zip(*np.unique(ops["opcode_name"].astype(str), return_counts=True))}
+        if len(ops["op_id"]) else {},
+        "doorbells": {
+            "total": int(len(T["doorbells"]["doorbell_id"])),
+            "recovered": int(T["doorbells"]["complete"].sum()),
+            "coalesced": int((T["doorbells"]["wqes"] > 1).sum()),
+            "wqes": int(len(T["wqes"]["wqe_id"])),
+        },
+        "per_qp": _rows(con, "SELECT * FROM (" + run_named_sql("qp_bandwidth") + ") WHERE ops > 0"),
+        "per_gpu": _rows(con, run_named_sql("gpu_volume")),
+    }
+    for level in ("node", "rank", "gpu"):
+        labels, m, c = comm_matrix(con, level)
+        s[f"{level}_matrix"] = {"labels": labels, "bytes": m, "ops": c}
+    s["skew"] = {"node": skew(con, "node"), "gpu": skew(con, "gpu")}
+    s["top_talkers"] = _rows(con, run_named_sql("top_talkers"))
+    B = T["barriers"]
+    s["barriers"] = {
+        "count": int(len(B["barrier"])),
+        "worst": _rows(con, "SELECT barrier, instance, spread_ns, straggler_label, straggler_rank, arrival_order "
+                            "FROM barriers ORDER BY spread_ns DESC LIMIT 10"),
+        "stragglers": _rows(con, run_named_sql("stragglers")),
+    }
+    L = T["losses"]
+    s["losses"] = {
+        "dropped_events": int(P["dropped_events"].sum()),
+        "lost_bytes": int(L["bytes"][L["kind"] == "file"].sum()) if len(L["kind"]) else 0,
+        "wqe_lost_wqebbs": int(T["doorbells"]["lost_wqebbs"].sum()),
+        "incomplete_processes": [int(i) for i in np.flatnonzero(~P["complete"])],
+        "items": _rows(con, "SELECT kind, process, path, bytes, count, detail FROM losses"),
+    }
+    C = T["clock"]
+    s["clock"] = {"refinement": corr.clock_info,
+                  "nodes": [dict(zip(C.keys(), vals)) for vals in zip(*C.values())]}
+    comp = ops["latency_ns"][ops["latency_ns"] >= 0] if len(ops["op_id"]) else np.zeros(0)
+    s["wr_latency_ns"] = ({"count": int(len(comp)), "p50": float(np.percentile(comp, 50)),
+                           "p99": float(np.percentile(comp, 99)), "max": int(comp.max())} if len(comp) else {"count": 0})
+    if perfetto_stats:
+        s["perfetto"] = perfetto_stats
+    s["warnings"] = list(corr.warnings)
+    return _clean(s)
+
+
+def run_named_sql(name):
+    from ..query import named_queries
+    return named_queries()[name].strip().rstrip(";")
+
+
+def write_summary(summary, path):
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1, default=str)

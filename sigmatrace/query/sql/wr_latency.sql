@@ -1,0 +1,4 @@
+-- Post-to-completion latency per QP (F24a), for work requests whose completion was recorded.
+SELECT qp_id, qpn, rank, opcode_name, count(*) AS completed, quantile_cont(latency_ns, 0.5) AS p50_ns,
+       quantile_cont(latency_ns, 0.99) AS p99_ns, max(latency_ns) AS max_ns
+FROM ops WHERE latency_ns >= 0 GROUP BY ALL ORDER BY p99_ns DESC;

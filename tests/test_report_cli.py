@@ -1,0 +1,122 @@
+"""`sigmatrace report` / `sigmatrace query` end to end, and malformed inputs (one-line messages, partial results)."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sigmatrace.cli.main import main
+from sigmatrace.correlate.synth import write_synthetic
+
+pytestmark = pytest.mark.sim
+
+
+@pytest.fixture(scope="module")
+def capdir(tmp_path_factory):
+    d, truth = write_synthetic(tmp_path_factory.mktemp("cap"), seed=11)
+    return Path(d)
+
+
+def test_report_writes_everything(capdir, tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["report", str(capdir), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "top talkers" in text and "drops/losses" in text and "skew" in text
+    assert (out / "trace.pftrace").stat().st_size > 0
+    s = json.loads((out / "summary.json").read_text())
+    for k in ("per_qp", "per_gpu", "rank_matrix", "node_matrix", "losses", "clock", "skew", "barriers"):
+        assert k in s
+    assert s["operations"] == s["operations_matched"] > 0
+    assert (out / "tables" / "ops.parquet").exists() and (out / "tables" / "doorbells.parquet").exists()
+    assert (out / "figures" / "matrix_node.png").exists() and (out / "figures" / "matrix_node.svg").exists()
+    assert (out / "figures" / "barriers.svg").exists()
+
+
+def test_query_report_and_capture(capdir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "rep"
+    assert main(["report", str(capdir), "-o", str(out), "-q", "--no-figures", "--no-perfetto"]) == 0
+    capsys.readouterr()
+    assert main(["query", str(out), "select count(*) as n from ops where matched", "--format", "json"]) == 0
+    n = json.loads(capsys.readouterr().out)[0]["n"]
+    assert n > 0
+    monkeypatch.setenv("SIGMATRACE_CACHE", str(tmp_path / "cache"))
+    assert main(["query", str(capdir), "--named", "barriers", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 4 and all(r["spread_ns"] > 0 for r in rows)
+    assert main(["query", "--list"]) == 0
+    assert "skew_node" in capsys.readouterr().out
+    assert main(["query", str(out), "select * from no_such_table"]) == 2
+    assert "SQL" in capsys.readouterr().err
+
+
+def _one_line_error(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    return err[0]
+
+
+def test_malformed_truncated_file(capdir, tmp_path, capsys):
+    d = tmp_path / "cut"
+    shutil.copytree(capdir, d)
+    f = sorted(d.glob("*.trace"))[1]
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) * 2 // 3])
+    assert main(["report", str(d), "-o", str(tmp_path / "r"), "--no-figures"]) == 0
+    out = capsys.readouterr().out
+    assert "lost" in out and "incomplete" in out
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["losses"]["lost_bytes"] > 0 and s["processes"] == 4
+
+
+def test_malformed_missing_process_file(capdir, tmp_path, capsys):
+    d = tmp_path / "missing"
+    shutil.copytree(capdir, d)
+    sorted(d.glob("*.trace"))[3].unlink()
+    assert main(["report", str(d), "-o", str(tmp_path / "r"), "--no-figures", "--no-perfetto"]) == 0
+    out = capsys.readouterr().out
+    assert "ranks [3] have no process file" in out
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["processes"] == 3 and s["operations"] > 0
+
+
+def test_malformed_duplicated_rank_and_mixed_version(capdir, tmp_path, capsys):
+    from sigmatrace.format import layout as L
+    d = tmp_path / "dup"
+    shutil.copytree(capdir, d)
+    files = sorted(d.glob("*.trace"))
+    # a second copy of rank 0 under another uid is a duplicated rank
+    data = bytearray(files[0].read_bytes())
+    (d / "zz.copy.trace").write_bytes(_reuid(bytes(data), 0xDEAD))
+    # a file of another format version
+    bad = bytearray(files[1].read_bytes()[:64])
+    bad[4:6] = (L.VERSION + 1).to_bytes(2, "little")
+    (d / "zz.v2.trace").write_bytes(bytes(bad))
+    assert main(["report", str(d), "-o", str(tmp_path / "r"), "--no-figures", "--no-perfetto"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 0 appears in 2 processes" in out
+    assert "unsupported format version" in out
+
+
+def _reuid(data, uid):
+    """Rewrite every chunk's process_uid (and CRC) of one file."""
+    import struct
+    import zlib
+    out = bytearray()
+    off = 0
+    while off + 32 <= len(data):
+        magic, ver, kind, _, th, plen, cnt, _ = struct.unpack_from("<IHHQIIII", data, off)
+        payload = data[off + 32: off + 32 + plen]
+        head = struct.pack("<IHHQIII", magic, ver, kind, uid, th, plen, cnt)
+        crc = zlib.crc32(payload, zlib.crc32(head)) & 0xFFFFFFFF
+        out += head + struct.pack("<I", crc) + payload
+        off += 32 + plen
+    return bytes(out)
+
+
+def test_unreadable_inputs_one_line(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope"), "-o", str(tmp_path / "r")]) == 2
+    _one_line_error(capsys)
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"not a capture at all" * 10)
+    assert main(["report", str(junk), "-o", str(tmp_path / "r2")]) == 2
+    assert "no process data" in _one_line_error(capsys)
