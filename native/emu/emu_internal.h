@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "sigmatrace/mlx5.h"
 
@@ -106,6 +107,7 @@ struct emu_context {
 };
 
 struct emu_pd { struct ibv_pd pd; uint32_t pdn; };
+struct emu_channel { struct ibv_comp_channel ch; int wfd; };
 
 struct emu_mr {
 	struct ibv_mr mr;
@@ -118,6 +120,7 @@ struct emu_mr {
 
 struct emu_umem {   /* mlx5dv_devx_umem must be first */
 	uint32_t umem_id;
+	struct emu_nic *nic;
 	void *addr;
 	size_t size;
 	int valid;
@@ -143,7 +146,8 @@ struct emu_cq {
 	int collapsed;
 	int devx;
 	int armed, arm_sol;
-	pthread_mutex_t lock; /* NIC write vs arm vs poll */
+	pthread_mutex_t lock; /* NIC write vs arm */
+	pthread_spinlock_t poll_lock;
 	uint32_t events;      /* events signalled */
 	int own_buf;
 	uint8_t dbr_storage[64];
@@ -191,6 +195,8 @@ struct emu_qp {
 	uint32_t sq_wqebb;        /* power of 2 */
 	uint32_t sq_max_wqe_bb;   /* WQEBBs of the largest WQE */
 	uint64_t *sq_wrid;
+	uint32_t *sq_next;        /* per slot: producer index after that WQE */
+	uint32_t sq_tail;         /* app view: first WQEBB not yet known complete */
 	uint32_t sq_pi;           /* app producer (WQEBB counter) */
 	uint32_t max_inline, max_send_sge, max_send_wr;
 	pthread_spinlock_t sq_lock;
@@ -199,6 +205,7 @@ struct emu_qp {
 	uint32_t rq_wqe_cnt, rq_stride, rq_max_sge, max_recv_wr;
 	uint64_t *rq_wrid;
 	uint32_t rq_pi;            /* app producer */
+	uint32_t rq_tail;          /* app view: consumed by completions */
 	pthread_spinlock_t rq_lock;
 	volatile uint32_t *dbrec;  /* [0] RQ, [1] SQ (ref §3.1) */
 	uint8_t *uar;              /* UAR page; DB register at +0x800 */
@@ -222,7 +229,7 @@ struct emu_qp {
 	int resp_active;           /* a multi-chunk SEND/WRITE_IMM is in progress */
 	uint32_t resp_wqe;         /* recv WQE index in use */
 	int resp_from_srq;
-	int resp_err;              /* current message already failed */
+	uint32_t resp_err;         /* seq+1 of a message that already failed */
 	struct emu_pending *pend, *pend_tail;
 	uint64_t pend_since_ns;
 	int flush_pending;
@@ -255,6 +262,7 @@ struct emu_nic {
 	struct emu_umem *umems[EMU_MAX_UMEM];
 	struct emu_srq *srqs[256];
 	struct emu_uar *uars;
+	struct emu_qp *qlist[EMU_MAX_QP]; int nq;
 	uint32_t next_pdn, next_uar_id;
 	int have_devx_uars;
 	uint64_t last_liveness_ns;
@@ -277,6 +285,7 @@ void emu_qp_unregister(struct emu_nic *nic, struct emu_qp *qp);
 int emu_cq_register(struct emu_nic *nic, struct emu_cq *cq);
 struct emu_cq *emu_cq_lookup(struct emu_nic *nic, uint32_t cqn);
 void emu_resolve_peer(struct emu_qp *qp);
+void emu_identity(char *name, size_t n, uint64_t *guid, uint32_t *lid, uint8_t gid[16]);
 
 /* verbs helpers shared with devx */
 void emu_qp_init_ex_ops(struct emu_qp *qp);

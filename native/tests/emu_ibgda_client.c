@@ -1,0 +1,644 @@
+/* emu_ibgda_client -- an IBGDA-style CPU client for the emulated HCA.
+ *
+ * Follows the NVSHMEM host setup order (reference §5.1): open device, PD
+ * (+pdn via mlx5dv_init_obj), SRQ + recv CQ via verbs, data MR, send CQ in a
+ * devx umem (filled with 0xff, optional collapsed cc=1), QP WQ and DBR in
+ * umems, UAR via mlx5dv_devx_alloc_uar, CREATE_CQ, CREATE_QP, exchange QPN/LID
+ * with the peer, RST2INIT -> INIT2RTR(remote_qpn, rlid) -> RTR2RTS.  Then it
+ * posts RDMA WRITE / READ / ATOMIC FA / CS / inline WRITE by writing mlx5 WQEs
+ * into its own SQ ring, updating the DBR and ringing the doorbell with the
+ * NVSHMEM convention {BE32(pi<<8), BE32(qpn<<8)} (reference §3.3), several
+ * WQEs per doorbell, with a small ring so that the SQ wraps many times.
+ *
+ *   emu_ibgda_client --pair [--cc] [--depth N] [--ops N] [--batch B]
+ *       two QPs in this process, connected to each other
+ *   emu_ibgda_client --rank 0|1 --dir DIR [--cc] ...
+ *       two processes; QPN/LID/MR exchanged through files in DIR
+ *
+ * Ground truth on stdout: one "DB qpn=0x.. pi=.. nwqe=.. first_idx=.." line per
+ * doorbell; "RESULT OK ..." or "RESULT FAIL ..." at the end (exit 0 / 1;
+ * 2 = timeout/setup failure).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <infiniband/mlx5dv.h>
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sigmatrace/mlx5.h"
+
+#define TIMEOUT_S 10.0
+#define BUF_BYTES (1 << 20)
+#define CHUNK 1024
+
+static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose;
+
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+#define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
+#define CHECK(c, ...) do { if (!(c)) DIE(2, __VA_ARGS__); } while (0)
+
+static unsigned ilog2u(unsigned v) { unsigned r = 0; while ((1u << r) < v) r++; return r; }
+
+struct ep {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	uint32_t pdn, lid;
+	struct ibv_srq *srq;
+	uint32_t srqn;
+	struct ibv_cq *rcq;
+	uint32_t rcqn;
+	uint8_t *buf;            /* data MR */
+	struct ibv_mr *mr;
+	/* send CQ */
+	uint8_t *cq_buf, *cq_dbr;
+	uint32_t ncqe, cqn, cq_ci;
+	struct mlx5dv_devx_umem *cq_umem, *cq_dbr_umem;
+	struct mlx5dv_devx_uar *cq_uar;
+	struct mlx5dv_devx_obj *cq_obj;
+	/* QP */
+	uint8_t *wq, *qp_dbr;
+	struct mlx5dv_devx_umem *wq_umem, *qp_dbr_umem;
+	struct mlx5dv_devx_uar *uar;
+	struct mlx5dv_devx_obj *qp_obj;
+	uint32_t qpn, nwqebb;
+	uint32_t pi;             /* producer index (WQEBBs) */
+	uint32_t done_idx;       /* WQEBB index up to which completions are known */
+	int ndb;
+};
+
+struct peer_info { uint32_t lid, qpn, rkey; uint64_t addr; };
+
+static void ep_setup(struct ep *e, struct ibv_context *ctx)
+{
+	memset(e, 0, sizeof *e);
+	e->ctx = ctx;
+	struct ibv_port_attr pa;
+	CHECK(!ibv_query_port(ctx, 1, &pa), "query_port");
+	e->lid = pa.lid;
+	e->pd = ibv_alloc_pd(ctx);
+	CHECK(e->pd, "alloc_pd");
+	struct mlx5dv_pd dpd;
+	struct mlx5dv_obj o = { .pd = { .in = e->pd, .out = &dpd } };
+	CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_PD), "init_obj PD");
+	e->pdn = dpd.pdn;
+	/* shared objects through verbs (§5.1 step 3) */
+	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 64, .max_sge = 1 } };
+	e->srq = ibv_create_srq(e->pd, &sa);
+	CHECK(e->srq, "create_srq");
+	struct mlx5dv_srq dsrq = { .comp_mask = MLX5DV_SRQ_MASK_SRQN };
+	struct mlx5dv_obj o2 = { .srq = { .in = e->srq, .out = &dsrq } };
+	CHECK(!mlx5dv_init_obj(&o2, MLX5DV_OBJ_SRQ), "init_obj SRQ");
+	e->srqn = dsrq.srqn;
+	e->rcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	CHECK(e->rcq, "create recv cq");
+	struct mlx5dv_cq dcq;
+	struct mlx5dv_obj o3 = { .cq = { .in = e->rcq, .out = &dcq } };
+	CHECK(!mlx5dv_init_obj(&o3, MLX5DV_OBJ_CQ), "init_obj CQ");
+	e->rcqn = dcq.cqn;
+	/* data buffer */
+	CHECK(!posix_memalign((void **)&e->buf, 4096, BUF_BYTES), "memalign");
+	memset(e->buf, 0, BUF_BYTES);
+	e->mr = ibv_reg_mr(e->pd, e->buf, BUF_BYTES, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+						     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	CHECK(e->mr, "reg_mr");
+
+	/* send CQ (§5.1 step 5) */
+	e->ncqe = (uint32_t)g_depth;
+	CHECK(!posix_memalign((void **)&e->cq_buf, 4096, e->ncqe * 64), "memalign cq");
+	memset(e->cq_buf, 0xff, e->ncqe * 64);
+	CHECK(!posix_memalign((void **)&e->cq_dbr, 64, 64), "memalign dbr");
+	memset(e->cq_dbr, 0, 64);
+	e->cq_umem = mlx5dv_devx_umem_reg(ctx, e->cq_buf, e->ncqe * 64, IBV_ACCESS_LOCAL_WRITE);
+	e->cq_dbr_umem = mlx5dv_devx_umem_reg(ctx, e->cq_dbr, 8, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(e->cq_umem && e->cq_dbr_umem, "umem_reg cq");
+	uint32_t eqn;
+	CHECK(!mlx5dv_devx_query_eqn(ctx, 0, &eqn), "query_eqn");
+	e->cq_uar = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_NC);
+	CHECK(e->cq_uar, "alloc_uar cq");
+	uint8_t in[ST_PRM_CREATE_QP_IN_SIZE], out[16];
+	memset(in, 0, sizeof in);
+	memset(out, 0, sizeof out);
+	st_devx_set(in, ST_PRM_CMD_OPCODE, ST_MLX5_CMD_OP_CREATE_CQ);
+	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_ID, e->cq_umem->umem_id);
+	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_VALID, 1);
+	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_OFFSET, 0);
+	st_devx_set(in, ST_PRM_CQC_DBR_UMEM_VALID, 1);
+	st_devx_set(in, ST_PRM_CQC_DBR_UMEM_ID, e->cq_dbr_umem->umem_id);
+	st_devx_set(in, ST_PRM_CQC_DBR_ADDR, 0);
+	st_devx_set(in, ST_PRM_CQC_CQE_SZ, 0);
+	st_devx_set(in, ST_PRM_CQC_CC, (uint64_t)g_cc);
+	st_devx_set(in, ST_PRM_CQC_OI, 1);
+	st_devx_set(in, ST_PRM_CQC_LOG_CQ_SIZE, ilog2u(e->ncqe));
+	st_devx_set(in, ST_PRM_CQC_UAR_PAGE, e->cq_uar->page_id);
+	st_devx_set(in, ST_PRM_CQC_C_EQN, eqn);
+	st_devx_set(in, ST_PRM_CQC_LOG_PAGE_SIZE, 4);
+	e->cq_obj = mlx5dv_devx_obj_create(ctx, in, 0x60, out, sizeof out);
+	CHECK(e->cq_obj, "CREATE_CQ failed: status 0x%x errno %d", (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS), errno);
+	e->cqn = (uint32_t)st_devx_get(out, ST_PRM_CREATE_CQ_OUT_CQN);
+
+	/* QP UAR + WQ + DBR (§5.1 steps 6, 8) */
+	e->uar = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_BF);
+	CHECK(e->uar, "alloc_uar qp");
+	e->nwqebb = (uint32_t)g_depth;
+	CHECK(!posix_memalign((void **)&e->wq, 4096, e->nwqebb * 64), "memalign wq");
+	memset(e->wq, 0, e->nwqebb * 64);
+	CHECK(!posix_memalign((void **)&e->qp_dbr, 64, 64), "memalign qp dbr");
+	memset(e->qp_dbr, 0, 64);
+	e->wq_umem = mlx5dv_devx_umem_reg(ctx, e->wq, e->nwqebb * 64, IBV_ACCESS_LOCAL_WRITE);
+	e->qp_dbr_umem = mlx5dv_devx_umem_reg(ctx, e->qp_dbr, 8, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(e->wq_umem && e->qp_dbr_umem, "umem_reg qp");
+
+	/* CREATE_QP (§5.1 step 9) */
+	memset(in, 0, sizeof in);
+	memset(out, 0, sizeof out);
+	st_devx_set(in, ST_PRM_CMD_OPCODE, ST_MLX5_CMD_OP_CREATE_QP);
+	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_ID, e->wq_umem->umem_id);
+	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_OFFSET, 0);
+	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_VALID, 1);
+	st_devx_set(in, ST_PRM_QPC_ST, ST_MLX5_QPC_ST_RC);
+	st_devx_set(in, ST_PRM_QPC_PM_STATE, 3);
+	st_devx_set(in, ST_PRM_QPC_PD, e->pdn);
+	st_devx_set(in, ST_PRM_QPC_UAR_PAGE, e->uar->page_id);
+	st_devx_set(in, ST_PRM_QPC_RQ_TYPE, 1);
+	st_devx_set(in, ST_PRM_QPC_SRQN, e->srqn);
+	st_devx_set(in, ST_PRM_QPC_CQN_SND, e->cqn);
+	st_devx_set(in, ST_PRM_QPC_CQN_RCV, e->rcqn);
+	st_devx_set(in, ST_PRM_QPC_LOG_SQ_SIZE, ilog2u(e->nwqebb));
+	st_devx_set(in, ST_PRM_QPC_LOG_RQ_SIZE, 0);
+	st_devx_set(in, ST_PRM_QPC_DBR_UMEM_VALID, 1);
+	st_devx_set(in, ST_PRM_QPC_DBR_ADDR, 0);
+	st_devx_set(in, ST_PRM_QPC_DBR_UMEM_ID, e->qp_dbr_umem->umem_id);
+	st_devx_set(in, ST_PRM_QPC_USER_INDEX, 0);
+	e->qp_obj = mlx5dv_devx_obj_create(ctx, in, sizeof in, out, sizeof out);
+	CHECK(e->qp_obj, "CREATE_QP failed: status 0x%x errno %d", (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS), errno);
+	e->qpn = (uint32_t)st_devx_get(out, ST_PRM_CREATE_QP_OUT_QPN);
+	printf("SETUP lid=%u qpn=0x%x cqn=0x%x sq_wqebb=%u uar_page=%u cc=%d\n", e->lid, e->qpn, e->cqn, e->nwqebb,
+	       e->uar->page_id, g_cc);
+}
+
+static int modify(struct ep *e, uint16_t op, const struct peer_info *p)
+{
+	uint8_t in[ST_PRM_MODIFY_QP_IN_SIZE], out[16];
+	memset(in, 0, sizeof in);
+	memset(out, 0, sizeof out);
+	st_devx_set(in, ST_PRM_CMD_OPCODE, op);
+	st_devx_set(in, ST_PRM_MODIFY_QP_QPN, e->qpn);
+	switch (op) {
+	case ST_MLX5_CMD_OP_RST2INIT_QP:
+		st_devx_set(in, ST_PRM_QPC_RWE, 1);
+		st_devx_set(in, ST_PRM_QPC_RRE, 1);
+		st_devx_set(in, ST_PRM_QPC_RAE, 1);
+		st_devx_set(in, ST_PRM_QPC_ATOMIC_MODE, 3);
+		st_devx_set(in, ST_PRM_QPC_VHCA_PORT_NUM, 1);
+		st_devx_set(in, ST_PRM_QPC_PM_STATE, 3);
+		break;
+	case ST_MLX5_CMD_OP_INIT2RTR_QP:
+		st_devx_set(in, ST_PRM_QPC_MTU, 5);
+		st_devx_set(in, ST_PRM_QPC_LOG_MSG_MAX, 30);
+		st_devx_set(in, ST_PRM_QPC_REMOTE_QPN, p->qpn);
+		st_devx_set(in, ST_PRM_QPC_MIN_RNR_NAK, 12);
+		st_devx_set(in, ST_PRM_QPC_LOG_RRA_MAX, 4);
+		st_devx_set(in, ST_PRM_QPC_RLID, p->lid);
+		break;
+	case ST_MLX5_CMD_OP_RTR2RTS_QP:
+		st_devx_set(in, ST_PRM_QPC_RETRY_COUNT, 7);
+		st_devx_set(in, ST_PRM_QPC_RNR_RETRY, 7);
+		st_devx_set(in, ST_PRM_QPC_ACK_TIMEOUT, 20);
+		st_devx_set(in, ST_PRM_QPC_NEXT_SEND_PSN, 0);
+		break;
+	}
+	int r = mlx5dv_devx_obj_modify(e->qp_obj, in, sizeof in, out, sizeof out);
+	if (r)
+		printf("MODIFY op=0x%x failed r=%d status=0x%x\n", op, r, (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS));
+	return r;
+}
+
+static void connect_ep(struct ep *e, const struct peer_info *p)
+{
+	CHECK(!modify(e, ST_MLX5_CMD_OP_RST2INIT_QP, p), "RST2INIT");
+	CHECK(!modify(e, ST_MLX5_CMD_OP_INIT2RTR_QP, p), "INIT2RTR");
+	CHECK(!modify(e, ST_MLX5_CMD_OP_RTR2RTS_QP, p), "RTR2RTS");
+}
+
+/* ---- WQE building (reference §1) ----------------------------------------- */
+static uint8_t *slot(struct ep *e, uint32_t idx, uint32_t off)
+{
+	return e->wq + (((idx & (e->nwqebb - 1)) * 64 + off) & (e->nwqebb * 64 - 1));
+}
+
+/* Wait until the SQ has room for n more WQEBBs (polling CQEs). */
+static void wait_cqe(struct ep *e, uint16_t want_idx);
+
+struct pending { uint16_t last_idx; uint32_t next_pi; };
+static struct pending g_pend[4096];
+static unsigned g_pend_h, g_pend_t;
+
+static void reserve(struct ep *e, uint32_t n)
+{
+	while (e->pi + n - e->done_idx > e->nwqebb) {
+		CHECK(g_pend_h != g_pend_t, "SQ full with nothing pending");
+		struct pending *p = &g_pend[g_pend_h++ % 4096];
+		wait_cqe(e, p->last_idx);
+		e->done_idx = p->next_pi;
+	}
+}
+
+static uint32_t put_ctrl(struct ep *e, uint8_t opcode, uint32_t opmod, uint32_t ds, uint8_t fm, uint32_t imm)
+{
+	uint32_t idx = e->pi;
+	st_mlx5_set_ctrl_seg((struct st_mlx5_wqe_ctrl_seg *)slot(e, idx, 0), opmod, (uint16_t)idx, opcode, e->qpn, ds, fm, imm);
+	e->pi += st_mlx5_wqebbs(ds);
+	return idx;
+}
+
+static uint32_t post_write(struct ep *e, const struct peer_info *p, uint64_t loff, uint64_t roff, uint32_t len, int nsge,
+			   uint8_t fm)
+{
+	uint32_t ds = 2 + (uint32_t)nsge;
+	reserve(e, st_mlx5_wqebbs(ds));
+	uint32_t idx = e->pi;
+	st_mlx5_set_raddr_seg((struct st_mlx5_wqe_raddr_seg *)slot(e, idx, 16), p->addr + roff, p->rkey);
+	uint32_t per = len / (uint32_t)nsge;
+	for (int i = 0; i < nsge; i++) {
+		uint32_t l = i == nsge - 1 ? len - per * (uint32_t)(nsge - 1) : per;
+		st_mlx5_set_data_seg((struct st_mlx5_wqe_data_seg *)slot(e, idx, 32 + 16 * (uint32_t)i), l, e->mr->lkey,
+				     (uint64_t)(uintptr_t)(e->buf + loff + per * (uint32_t)i));
+	}
+	return put_ctrl(e, ST_MLX5_OPCODE_RDMA_WRITE, 0, ds, fm, 0);
+}
+
+static uint32_t post_read(struct ep *e, const struct peer_info *p, uint64_t loff, uint64_t roff, uint32_t len, uint8_t fm)
+{
+	reserve(e, 1);
+	uint32_t idx = e->pi;
+	st_mlx5_set_raddr_seg((struct st_mlx5_wqe_raddr_seg *)slot(e, idx, 16), p->addr + roff, p->rkey);
+	st_mlx5_set_data_seg((struct st_mlx5_wqe_data_seg *)slot(e, idx, 32), len, e->mr->lkey,
+			     (uint64_t)(uintptr_t)(e->buf + loff));
+	return put_ctrl(e, ST_MLX5_OPCODE_RDMA_READ, 0, 3, fm, 0);
+}
+
+static uint32_t post_atomic(struct ep *e, const struct peer_info *p, uint8_t opcode, uint64_t roff, uint64_t a, uint64_t b,
+			    uint64_t loff, uint8_t fm)
+{
+	reserve(e, 1);
+	uint32_t idx = e->pi;
+	st_mlx5_set_raddr_seg((struct st_mlx5_wqe_raddr_seg *)slot(e, idx, 16), p->addr + roff, p->rkey);
+	st_mlx5_set_atomic_seg((struct st_mlx5_wqe_atomic_seg *)slot(e, idx, 32), a, b);
+	st_mlx5_set_data_seg((struct st_mlx5_wqe_data_seg *)slot(e, idx, 48), 8, e->mr->lkey,
+			     (uint64_t)(uintptr_t)(e->buf + loff));
+	return put_ctrl(e, opcode, 0, 4, fm, 0);
+}
+
+static uint32_t post_inline_write(struct ep *e, const struct peer_info *p, uint64_t roff, uint32_t val, uint8_t fm)
+{
+	reserve(e, 1);
+	uint32_t idx = e->pi;
+	st_mlx5_set_raddr_seg((struct st_mlx5_wqe_raddr_seg *)slot(e, idx, 16), p->addr + roff, p->rkey);
+	uint32_t bc = htobe32(4 | ST_MLX5_INLINE_SEG);
+	memcpy(slot(e, idx, 32), &bc, 4);
+	memcpy(slot(e, idx, 36), &val, 4); /* raw, no swap (reference §1.5) */
+	return put_ctrl(e, ST_MLX5_OPCODE_RDMA_WRITE, 0, 3, fm, 0); /* DS=3, DeepEP-style */
+}
+
+/* DBR then 8-byte doorbell, NVSHMEM/DeepEP convention (reference §3.3, DB1) */
+static void ring(struct ep *e, uint32_t first_idx, uint32_t nwqe, uint16_t last_idx)
+{
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	uint32_t dbr = htobe32(e->pi & 0xffff);
+	__atomic_store_n((uint32_t *)(e->qp_dbr + 4), dbr, __ATOMIC_RELEASE);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	uint8_t db[8];
+	st_mlx5_make_nvshmem_db(db, e->pi, e->qpn);
+	uint64_t v;
+	memcpy(&v, db, 8);
+	__atomic_store_n((uint64_t *)e->uar->reg_addr, v, __ATOMIC_RELEASE);
+	printf("DB qpn=0x%x pi=%u nwqe=%u first_idx=%u\n", e->qpn, e->pi & 0xffff, nwqe, first_idx & 0xffff);
+	e->ndb++;
+	struct pending *p = &g_pend[g_pend_t++ % 4096];
+	p->last_idx = last_idx;
+	p->next_pi = e->pi;
+}
+
+static void wait_cqe(struct ep *e, uint16_t want_idx)
+{
+	double t0 = now_s();
+	for (;;) {
+		if (g_cc) {
+			/* collapsed CQ: every CQE lands in slot 0; NVSHMEM-style completion test */
+			struct st_mlx5_cqe64 *c = (struct st_mlx5_cqe64 *)e->cq_buf;
+			uint8_t op_own = __atomic_load_n(&c->op_own, __ATOMIC_ACQUIRE);
+			if (op_own != 0xff) {
+				uint8_t opc = op_own >> 4;
+				if (opc == ST_MLX5_CQE_REQ_ERR)
+					DIE(1, "error CQE syndrome 0x%x wqe %u", ((struct st_mlx5_err_cqe *)c)->syndrome,
+					    be16toh(c->wqe_counter));
+				uint16_t ctr = be16toh(c->wqe_counter);
+				if ((uint16_t)(ctr - want_idx) < 0x8000)
+					return;
+			}
+		} else {
+			struct st_mlx5_cqe64 *c = (struct st_mlx5_cqe64 *)(e->cq_buf + (e->cq_ci & (e->ncqe - 1)) * 64);
+			uint8_t op_own = __atomic_load_n(&c->op_own, __ATOMIC_ACQUIRE);
+			if (st_mlx5_cqe_valid(c, e->cq_ci, e->ncqe)) {
+				uint8_t opc = op_own >> 4;
+				uint16_t ctr = be16toh(c->wqe_counter);
+				if (opc == ST_MLX5_CQE_REQ_ERR)
+					DIE(1, "error CQE syndrome 0x%x wqe %u", ((struct st_mlx5_err_cqe *)c)->syndrome, ctr);
+				if (opc != ST_MLX5_CQE_REQ)
+					DIE(1, "unexpected CQE opcode %u", opc);
+				if (g_verbose)
+					printf("CQE ci=%u wqe_counter=%u opcode=0x%x byte_cnt=%u\n", e->cq_ci, ctr,
+					       be32toh(c->sop_drop_qpn) >> 24, be32toh(c->byte_cnt));
+				e->cq_ci++;
+				uint32_t ci = htobe32(e->cq_ci & 0xffffff);
+				memcpy(e->cq_dbr, &ci, 4);
+				if (ctr == want_idx)
+					return;
+				continue;
+			}
+		}
+		if (now_s() - t0 > TIMEOUT_S)
+			DIE(2, "timeout waiting for CQE of wqe %u", want_idx);
+		usleep(20);
+	}
+}
+
+static void drain(struct ep *e)
+{
+	while (g_pend_h != g_pend_t) {
+		struct pending *p = &g_pend[g_pend_h++ % 4096];
+		wait_cqe(e, p->last_idx);
+		e->done_idx = p->next_pi;
+	}
+}
+
+/* Memory map of each side's 1 MiB buffer */
+#define OFF_WRITE_DST   0x00000  /* peer writes here: g_ops chunks of CHUNK bytes, up to 512 KiB */
+#define OFF_READ_SRC    0x80000  /* pattern the peer reads (64 KiB) */
+#define OFF_ATOMIC      0x90000  /* counter for FA, word for CS */
+#define OFF_FLAG        0x90100  /* inline write target */
+#define OFF_SRC         0xa0000  /* local source of writes (up to 256 KiB, reused) */
+#define OFF_READ_DST    0xe0000  /* local destination of reads */
+#define OFF_FETCH       0xf0000  /* fetched atomic values */
+
+static uint8_t pattern(uint32_t seed, uint32_t i) { return (uint8_t)(seed * 131 + i * 7 + (i >> 8)); }
+
+static void fill_target(struct ep *e, uint32_t seed)
+{
+	for (uint32_t i = 0; i < 0x10000; i++)
+		e->buf[OFF_READ_SRC + i] = pattern(seed, i);
+	uint64_t z = 0;
+	memcpy(e->buf + OFF_ATOMIC, &z, 8);
+	uint64_t cs = 0x1111;
+	memcpy(e->buf + OFF_ATOMIC + 8, &cs, 8);
+}
+
+static int n_fa(void) { return g_ops < 64 ? g_ops : 64; }
+
+/* initiator: returns number of failures */
+static int run_initiator(struct ep *e, const struct peer_info *p, uint32_t target_seed)
+{
+	int fails = 0;
+	uint32_t nwrite = (uint32_t)g_ops;
+	if (nwrite * CHUNK > 0x80000)
+		nwrite = 0x80000 / CHUNK;
+	/* 1. RDMA WRITEs, g_batch per doorbell, only the last of a batch signalled */
+	for (uint32_t i = 0; i < nwrite;) {
+		uint32_t first = e->pi, n = 0;
+		uint32_t last = 0;
+		for (; n < (uint32_t)g_batch && i < nwrite; n++, i++) {
+			uint64_t src = OFF_SRC + (uint64_t)(i % 128) * CHUNK * 2;
+			for (uint32_t k = 0; k < CHUNK; k++)
+				e->buf[src + k] = pattern(i + 1000, k);
+			int nsge = (i % 7 == 3) ? 6 : 1; /* 6 SGEs: DS=8, 2 WQEBBs (wraps at ring end) */
+			int last_in_batch = (n + 1 == (uint32_t)g_batch) || (i + 1 == nwrite);
+			last = post_write(e, p, src, (uint64_t)i * CHUNK, CHUNK, nsge,
+					  last_in_batch ? ST_MLX5_WQE_CTRL_CQ_UPDATE : 0);
+		}
+		ring(e, first, n, (uint16_t)last);
+	}
+	drain(e);
+	/* 2. RDMA READ of the peer's pattern, 4 KiB per WQE, 4 per doorbell */
+	for (uint32_t i = 0; i < 16;) {
+		uint32_t first = e->pi, n = 0, last = 0;
+		for (; n < 4 && i < 16; n++, i++)
+			last = post_read(e, p, OFF_READ_DST + i * 4096, OFF_READ_SRC + i * 4096, 4096,
+					 n == 3 ? ST_MLX5_WQE_CTRL_CQ_UPDATE : 0);
+		ring(e, first, n, (uint16_t)last);
+	}
+	drain(e);
+	for (uint32_t i = 0; i < 0x10000; i++)
+		if (e->buf[OFF_READ_DST + i] != pattern(target_seed, i)) {
+			printf("CHECK read mismatch at %u: %u != %u\n", i, e->buf[OFF_READ_DST + i], pattern(target_seed, i));
+			fails++;
+			break;
+		}
+	/* 3. ATOMIC FA +1 x n_fa, each fetching into its own slot; signal every one */
+	int nfa = n_fa();
+	memset(e->buf + OFF_FETCH, 0xee, 8 * (size_t)nfa + 16);
+	for (int i = 0; i < nfa;) {
+		uint32_t first = e->pi, n = 0, last = 0;
+		for (; n < 8 && i < nfa; n++, i++)
+			last = post_atomic(e, p, ST_MLX5_OPCODE_ATOMIC_FA, OFF_ATOMIC, 1, 0, OFF_FETCH + 8 * (uint64_t)i,
+					   ST_MLX5_WQE_CTRL_CQ_UPDATE);
+		ring(e, first, n, (uint16_t)last);
+		drain(e);
+	}
+	for (int i = 0; i < nfa; i++) {
+		uint64_t v;
+		memcpy(&v, e->buf + OFF_FETCH + 8 * i, 8);
+		if (v != (uint64_t)i) {
+			printf("CHECK fetch-add %d returned %llu\n", i, (unsigned long long)v);
+			fails++;
+			break;
+		}
+	}
+	/* 4. ATOMIC CS: 0x1111 -> 0x2222 succeeds, then 0x1111 -> 0x3333 fails (returns 0x2222) */
+	uint32_t first = e->pi;
+	post_atomic(e, p, ST_MLX5_OPCODE_ATOMIC_CS, OFF_ATOMIC + 8, 0x2222, 0x1111, OFF_FETCH + 0x1000, 0);
+	uint32_t last = post_atomic(e, p, ST_MLX5_OPCODE_ATOMIC_CS, OFF_ATOMIC + 8, 0x3333, 0x1111, OFF_FETCH + 0x1008,
+				    ST_MLX5_WQE_CTRL_CQ_UPDATE);
+	/* 5. DeepEP-style 4-byte inline write of a flag, same doorbell */
+	last = post_inline_write(e, p, OFF_FLAG, 0xcafef00d, ST_MLX5_WQE_CTRL_CQ_UPDATE);
+	ring(e, first, 3, (uint16_t)last);
+	drain(e);
+	uint64_t c1, c2;
+	memcpy(&c1, e->buf + OFF_FETCH + 0x1000, 8);
+	memcpy(&c2, e->buf + OFF_FETCH + 0x1008, 8);
+	if (c1 != 0x1111 || c2 != 0x2222) {
+		printf("CHECK compare-swap returned 0x%llx 0x%llx\n", (unsigned long long)c1, (unsigned long long)c2);
+		fails++;
+	}
+	printf("INITIATOR writes=%u reads=16 fa=%d cs=2 inline=1 doorbells=%d wraps=%u fails=%d\n", nwrite, nfa, e->ndb,
+	       e->pi / e->nwqebb, fails);
+	return fails;
+}
+
+/* target-side verification of what the initiator did */
+static int verify_target(struct ep *e)
+{
+	int fails = 0;
+	uint32_t nwrite = (uint32_t)g_ops;
+	if (nwrite * CHUNK > 0x80000)
+		nwrite = 0x80000 / CHUNK;
+	for (uint32_t i = 0; i < nwrite && !fails; i++)
+		for (uint32_t k = 0; k < CHUNK; k++)
+			if (e->buf[OFF_WRITE_DST + i * CHUNK + k] != pattern(i + 1000, k)) {
+				printf("CHECK write %u mismatch at byte %u\n", i, k);
+				fails++;
+				break;
+			}
+	uint64_t v, cs;
+	uint32_t flag;
+	memcpy(&v, e->buf + OFF_ATOMIC, 8);
+	memcpy(&cs, e->buf + OFF_ATOMIC + 8, 8);
+	memcpy(&flag, e->buf + OFF_FLAG, 4);
+	if (v != (uint64_t)n_fa()) {
+		printf("CHECK counter %llu != %d\n", (unsigned long long)v, n_fa());
+		fails++;
+	}
+	if (cs != 0x2222) {
+		printf("CHECK cs word 0x%llx\n", (unsigned long long)cs);
+		fails++;
+	}
+	if (flag != 0xcafef00d) {
+		printf("CHECK flag 0x%x\n", flag);
+		fails++;
+	}
+	printf("TARGET verified writes=%u counter=%llu fails=%d\n", nwrite, (unsigned long long)v, fails);
+	return fails;
+}
+
+/* ---- file exchange --------------------------------------------------------- */
+static void put_file(const char *dir, const char *name, const char *text)
+{
+	char tmp[512], fin[512];
+	snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
+	snprintf(fin, sizeof fin, "%s/%s", dir, name);
+	FILE *f = fopen(tmp, "w");
+	CHECK(f, "fopen %s", tmp);
+	fputs(text, f);
+	fclose(f);
+	CHECK(!rename(tmp, fin), "rename");
+}
+
+static void get_file(const char *dir, const char *name, char *buf, size_t n)
+{
+	char fin[512];
+	snprintf(fin, sizeof fin, "%s/%s", dir, name);
+	double t0 = now_s();
+	for (;;) {
+		FILE *f = fopen(fin, "r");
+		if (f) {
+			size_t r = fread(buf, 1, n - 1, f);
+			buf[r] = 0;
+			fclose(f);
+			return;
+		}
+		if (now_s() - t0 > TIMEOUT_S)
+			DIE(2, "timeout waiting for %s", fin);
+		usleep(2000);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	int pair = 0, rank = -1;
+	const char *dir = NULL;
+	static struct option opts[] = {
+		{ "pair", no_argument, 0, 'P' }, { "rank", required_argument, 0, 'r' }, { "dir", required_argument, 0, 'd' },
+		{ "cc", no_argument, 0, 'c' }, { "depth", required_argument, 0, 'D' }, { "ops", required_argument, 0, 'n' },
+		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' }, { 0, 0, 0, 0 },
+	};
+	int ch;
+	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (ch) {
+		case 'P': pair = 1; break;
+		case 'r': rank = atoi(optarg); break;
+		case 'd': dir = optarg; break;
+		case 'c': g_cc = 1; break;
+		case 'D': g_depth = atoi(optarg); break;
+		case 'n': g_ops = atoi(optarg); break;
+		case 'b': g_batch = atoi(optarg); break;
+		case 'v': g_verbose = 1; break;
+		default: fprintf(stderr, "usage: see source\n"); return 2;
+		}
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (g_depth < 16 || (g_depth & (g_depth - 1)) || g_batch < 1 || g_batch > g_depth / 4)
+		DIE(2, "bad --depth/--batch");
+	if (!pair && (rank < 0 || rank > 1 || !dir))
+		DIE(2, "need --pair or --rank 0|1 --dir DIR");
+
+	int ndev = 0;
+	struct ibv_device **list = ibv_get_device_list(&ndev);
+	CHECK(list && ndev > 0, "no RDMA device");
+	CHECK(mlx5dv_is_supported(list[0]), "not an mlx5 device");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx, "open_device");
+	printf("DEVICE %s\n", ibv_get_device_name(list[0]));
+
+	int fails = 0;
+	if (pair) {
+		struct ep a, b;
+		ep_setup(&a, ctx);
+		ep_setup(&b, ctx);
+		fill_target(&b, 77);
+		struct peer_info pa = { a.lid, a.qpn, a.mr->rkey, (uint64_t)(uintptr_t)a.buf };
+		struct peer_info pb = { b.lid, b.qpn, b.mr->rkey, (uint64_t)(uintptr_t)b.buf };
+		connect_ep(&a, &pb);
+		connect_ep(&b, &pa);
+		printf("CONNECT qpn=0x%x <-> qpn=0x%x\n", a.qpn, b.qpn);
+		fails += run_initiator(&a, &pb, 77);
+		fails += verify_target(&b);
+	} else {
+		struct ep e;
+		ep_setup(&e, ctx);
+		fill_target(&e, 50 + (uint32_t)rank);
+		char txt[256], name[32];
+		snprintf(txt, sizeof txt, "%u %u %u %llu\n", e.lid, e.qpn, e.mr->rkey, (unsigned long long)(uintptr_t)e.buf);
+		snprintf(name, sizeof name, "info%d", rank);
+		put_file(dir, name, txt);
+		snprintf(name, sizeof name, "info%d", 1 - rank);
+		get_file(dir, name, txt, sizeof txt);
+		struct peer_info p;
+		unsigned long long addr;
+		CHECK(sscanf(txt, "%u %u %u %llu", &p.lid, &p.qpn, &p.rkey, &addr) == 4, "bad peer info");
+		p.addr = addr;
+		connect_ep(&e, &p);
+		printf("CONNECT local lid=%u qpn=0x%x remote lid=%u qpn=0x%x\n", e.lid, e.qpn, p.lid, p.qpn);
+		/* both sides must be RTR before anyone sends */
+		snprintf(name, sizeof name, "ready%d", rank);
+		put_file(dir, name, "1\n");
+		snprintf(name, sizeof name, "ready%d", 1 - rank);
+		get_file(dir, name, txt, sizeof txt);
+		if (rank == 0) {
+			fails += run_initiator(&e, &p, 51);
+			snprintf(txt, sizeof txt, "%d\n", fails);
+			put_file(dir, "done0", txt);
+			get_file(dir, "done1", txt, sizeof txt);
+			fails += atoi(txt);
+		} else {
+			get_file(dir, "done0", txt, sizeof txt);
+			int f = verify_target(&e);
+			snprintf(txt, sizeof txt, "%d\n", f);
+			put_file(dir, "done1", txt);
+			fails += f + atoi(txt) * 0;
+		}
+	}
+	if (fails)
+		DIE(1, "%d check(s) failed", fails);
+	printf("RESULT OK\n");
+	return 0;
+}
