@@ -1,0 +1,88 @@
+/*
+ * Load-time initialisation and process lifecycle hooks.
+ *
+ * The constructor only reads the configuration and takes the START
+ * calibration pair; no file, no thread.  Recording starts on the first
+ * event (st_activate), so programs that never touch a traced library run
+ * exactly as without the tracer and leave no file (SIGMATRACE_EAGER=1
+ * changes that).
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "core.h"
+#include "interpose/interpose.h"
+
+int st_initialized;
+
+void st_writer_init(void) ST_HIDDEN;
+void st_writer_register_atfork(void) ST_HIDDEN;
+void st_process_exit(const char *reason) ST_HIDDEN;
+
+static void at_exit(void)
+{
+	st_process_exit("exit");
+}
+
+__attribute__((constructor(101))) static void st_ctor(void)
+{
+	st_init();
+}
+
+void st_init(void)
+{
+	if (st_initialized)
+		return;
+	int saved = errno;
+	st_config_load();
+	st_interpose_init();
+	st_writer_init();
+	st_writer_register_atfork();
+	atexit(at_exit);
+	st_initialized = 1;
+	if (st_cfg.enabled && st_cfg.eager)
+		st_activate();
+	errno = saved;
+}
+
+__attribute__((destructor(101))) static void st_dtor(void)
+{
+	st_process_exit("exit");
+}
+
+/* ---- fork / _exit ------------------------------------------------------- */
+
+ST_EXPORT pid_t fork(void)
+{
+	static pid_t (*real)(void);
+	if (!real)
+		real = (pid_t(*)(void))st_resolve_next("fork");
+	if (!real) {
+		errno = ENOSYS;
+		return -1;
+	}
+	pid_t pid = real();
+	if (pid > 0 && __atomic_load_n(&st_active, __ATOMIC_ACQUIRE)) {
+		int saved = errno;
+		st_ev(ST_EV_FORK, 0, (uint32_t)pid, 0);
+		errno = saved;
+	}
+	return pid;
+}
+
+/* A process that leaves with _exit() skips atexit handlers: write the END
+ * chunk anyway (only in the process that owns the trace: a vfork child
+ * shares our memory and must not touch it). */
+ST_EXPORT void _exit(int status)
+{
+	static void (*real)(int);
+	st_process_exit("exit");
+	if (!real)
+		real = (void (*)(int))st_resolve_next("_exit");
+	if (real)
+		real(status);
+	syscall(231 /* exit_group */, status);
+	__builtin_unreachable();
+}

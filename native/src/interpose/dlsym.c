@@ -1,0 +1,207 @@
+/*
+ * dlsym/dlvsym injection.
+ *
+ * We export dlsym and dlvsym ourselves, so we cannot ask dlsym for the real
+ * ones (we would find ourselves).  Instead the real functions are looked up
+ * in libc's (glibc >= 2.34) or libdl's dynamic symbol table directly, with
+ * its GNU hash table: no allocation, no call into the dynamic linker's
+ * lookup, safe at any time (even from inside a malloc that calls dlsym).
+ *
+ * RTLD_NEXT is relative to the *caller*: glibc takes it from the return
+ * address.  For names we do not hook, our dlsym ends in a tail call to the
+ * real one, so the caller's return address is preserved and RTLD_NEXT keeps
+ * its meaning.  For hooked names the real lookup happens from inside this
+ * library, i.e. "next after sigmatrace", which is the traced library.
+ */
+#include <dlfcn.h>
+#pragma GCC diagnostic ignored "-Wnonnull-compare"
+#include <elf.h>
+#include <link.h>
+#include <string.h>
+
+#include "interpose.h"
+
+typedef void *(*dlsym_fn)(void *, const char *);
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+
+static dlsym_fn real_dlsym_p;
+static dlvsym_fn real_dlvsym_p;
+static __thread int in_dlsym ST_TLS;
+
+struct lookup {
+	const char *lib;
+	const char *sym;
+	void *result;
+};
+
+static uint32_t gnu_hash(const char *s)
+{
+	uint32_t h = 5381;
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+		h = h * 33 + *p;
+	return h;
+}
+
+static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct lookup *lk = data;
+	(void)size;
+	if (lk->result || !info->dlpi_name || !strstr(info->dlpi_name, lk->lib))
+		return 0;
+	const ElfW(Dyn) *dyn = NULL;
+	for (int i = 0; i < info->dlpi_phnum; i++)
+		if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+			dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+	if (!dyn)
+		return 0;
+	ElfW(Addr) symtab = 0, strtab = 0, gnuhash = 0, hash = 0, versym = 0;
+	for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++) {
+		switch (d->d_tag) {
+		case DT_SYMTAB: symtab = d->d_un.d_ptr; break;
+		case DT_STRTAB: strtab = d->d_un.d_ptr; break;
+		case DT_GNU_HASH: gnuhash = d->d_un.d_ptr; break;
+		case DT_HASH: hash = d->d_un.d_ptr; break;
+		case DT_VERSYM: versym = d->d_un.d_ptr; break;
+		}
+	}
+	/* the dynamic linker relocates these in place on most targets, not all */
+#define FIX(p) ((p) && (p) < info->dlpi_addr ? (p) + info->dlpi_addr : (p))
+	symtab = FIX(symtab);
+	strtab = FIX(strtab);
+	gnuhash = FIX(gnuhash);
+	hash = FIX(hash);
+	versym = FIX(versym);
+#undef FIX
+	if (!symtab || !strtab)
+		return 0;
+	const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
+	const char *strs = (const char *)strtab;
+	const ElfW(Half) *vs = (const ElfW(Half) *)versym;
+	void *hidden_match = NULL;
+
+#define CONSIDER(idx)                                                                          \
+	do {                                                                                   \
+		const ElfW(Sym) *s_ = &syms[idx];                                              \
+		if (s_->st_value && s_->st_shndx != SHN_UNDEF &&                                \
+		    ELF64_ST_TYPE(s_->st_info) == STT_FUNC && !strcmp(strs + s_->st_name, lk->sym)) { \
+			void *addr_ = (void *)(info->dlpi_addr + s_->st_value);                  \
+			if (vs && (vs[idx] & 0x8000))                                          \
+				hidden_match = addr_;                                          \
+			else {                                                                 \
+				lk->result = addr_;                                            \
+				return 1;                                                      \
+			}                                                                      \
+		}                                                                              \
+	} while (0)
+
+	if (gnuhash) {
+		const uint32_t *h = (const uint32_t *)gnuhash;
+		uint32_t nbuckets = h[0], symoffset = h[1], bloom_size = h[2];
+		const ElfW(Addr) *bloom = (const ElfW(Addr) *)&h[4];
+		const uint32_t *buckets = (const uint32_t *)&bloom[bloom_size];
+		const uint32_t *chain = &buckets[nbuckets];
+		uint32_t hv = gnu_hash(lk->sym);
+		uint32_t idx = nbuckets ? buckets[hv % nbuckets] : 0;
+		if (idx >= symoffset) {
+			for (;;) {
+				uint32_t h2 = chain[idx - symoffset];
+				if ((hv | 1) == (h2 | 1))
+					CONSIDER(idx);
+				if (h2 & 1)
+					break;
+				idx++;
+			}
+		}
+	} else if (hash) {
+		const uint32_t *h = (const uint32_t *)hash;
+		uint32_t nchain = h[1];
+		for (uint32_t idx = 0; idx < nchain; idx++)
+			CONSIDER(idx);
+	}
+#undef CONSIDER
+	if (hidden_match) {
+		lk->result = hidden_match;
+		return 1;
+	}
+	return 0;
+}
+
+static void *libc_symbol(const char *sym)
+{
+	static const char *const libs[] = {"libc.so", "libdl.so"};
+	for (unsigned i = 0; i < 2; i++) {
+		struct lookup lk = {libs[i], sym, NULL};
+		dl_iterate_phdr(lookup_cb, &lk);
+		if (lk.result)
+			return lk.result;
+	}
+	return NULL;
+}
+
+static void bootstrap(void)
+{
+	if (!real_dlsym_p)
+		__atomic_store_n(&real_dlsym_p, (dlsym_fn)libc_symbol("dlsym"), __ATOMIC_RELEASE);
+	if (!real_dlvsym_p)
+		__atomic_store_n(&real_dlvsym_p, (dlvsym_fn)libc_symbol("dlvsym"), __ATOMIC_RELEASE);
+}
+
+void st_interpose_init(void)
+{
+	bootstrap();
+}
+
+void *st_real_dlsym(void *handle, const char *name)
+{
+	if (unlikely(!real_dlsym_p))
+		bootstrap();
+	return real_dlsym_p ? real_dlsym_p(handle, name) : NULL;
+}
+
+void *st_resolve_next(const char *name)
+{
+	return st_real_dlsym(RTLD_NEXT, name);
+}
+
+/* A hooked name: the real address for the caller's handle, our wrapper
+ * returned in its place when the provider is enabled. */
+static void *inject(const struct st_hook *h, void *real)
+{
+	if (!real || real == h->wrapper)
+		return real;
+	void *expected = NULL;
+	__atomic_compare_exchange_n(h->real, &expected, real, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+	return h->wrapper;
+}
+
+ST_EXPORT void *dlsym(void *handle, const char *name)
+{
+	if (unlikely(!real_dlsym_p))
+		bootstrap();
+	if (name && !in_dlsym && st_cfg.enabled) {
+		const struct st_hook *h = st_hook_find(name);
+		if (h && st_provider_on(h->provider)) {
+			in_dlsym = 1;
+			void *r = real_dlsym_p(handle, name);
+			in_dlsym = 0;
+			return inject(h, r);
+		}
+	}
+	return real_dlsym_p(handle, name); /* tail call: keeps RTLD_NEXT relative to the caller */
+}
+
+ST_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
+{
+	if (unlikely(!real_dlvsym_p))
+		bootstrap();
+	if (name && !in_dlsym && st_cfg.enabled) {
+		const struct st_hook *h = st_hook_find(name);
+		if (h && st_provider_on(h->provider)) {
+			in_dlsym = 1;
+			void *r = real_dlvsym_p(handle, name, version);
+			in_dlsym = 0;
+			return inject(h, r);
+		}
+	}
+	return real_dlvsym_p(handle, name, version);
+}

@@ -1,0 +1,166 @@
+/*
+ * libibverbs provider: state shared by its files and by the mlx5dv provider.
+ *
+ * Two small tables, both lock-free to read:
+ *   contexts: one entry per opened ibv_context, holding the provider's own
+ *             ops (post_send, poll_cq, ...) that we replaced in the context
+ *             with our wrappers, plus the device identity;
+ *   QPs:      one entry per (context, QPN), holding what the hot path needs
+ *             (the peer for aggregate counters) and, for QPs used through the
+ *             ibv_qp_ex API, the provider's wr_* functions and the batch being
+ *             built between wr_start and wr_complete.
+ * Entries are created under a mutex at object creation (rare) and never
+ * moved or freed, so a wrapper racing with a close still finds valid
+ * function pointers.
+ */
+#ifndef ST_PROV_IBV_INTERNAL_H
+#define ST_PROV_IBV_INTERNAL_H
+
+#include <infiniband/verbs.h>
+
+#include "core/core.h"
+#include "interpose/interpose.h"
+
+/*
+ * Re-entrancy guard of the RDMA providers (ibv and mlx5 share it).  Not the
+ * core's st_tls_depth on purpose: that one is raised by other layers' wrappers
+ * (a traced ucp_init opens verbs contexts inside), and a verbs context opened
+ * under it would never get its ops patched.  Ours only stops libibverbs /
+ * libmlx5 calling their own exported functions from producing a second event.
+ */
+extern __thread int st_rdma_depth ST_TLS ST_HIDDEN;
+static inline int st_rdma_enter(void) { return st_rdma_depth++ == 0; }
+static inline void st_rdma_leave(void) { st_rdma_depth--; }
+/* Should a lifecycle wrapper record?  (provider on, not nested) */
+static inline int st_rdma_should(unsigned prov) { return st_provider_on(prov) && st_rdma_depth == 0; }
+
+#define ST_IBV_MAX_CTX 64
+#define ST_IBV_NAME_MAX 64
+
+struct st_ibv_ctx {
+	struct ibv_context *ctx; /* key; published last (release) */
+	uint32_t id;             /* st_obj_id of the context */
+	uint32_t closed;
+	int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
+	int (*post_recv)(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+	int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *);
+	int (*req_notify_cq)(struct ibv_cq *, int);
+	int (*post_srq_recv)(struct ibv_srq *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+	struct ibv_qp *(*create_qp_ex)(struct ibv_context *, struct ibv_qp_init_attr_ex *);
+	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *, struct ibv_cq_init_attr_ex *);
+	char name[ST_IBV_NAME_MAX];
+	uint64_t node_guid; /* host order */
+};
+
+extern struct st_ibv_ctx st_ibv_ctxs[ST_IBV_MAX_CTX] ST_HIDDEN;
+
+static inline struct st_ibv_ctx *st_ibv_ctx_find(const struct ibv_context *c)
+{
+	for (unsigned i = 0; i < ST_IBV_MAX_CTX; i++) {
+		struct ibv_context *k = __atomic_load_n(&st_ibv_ctxs[i].ctx, __ATOMIC_ACQUIRE);
+		if (likely(k == c))
+			return &st_ibv_ctxs[i];
+		if (!k)
+			break;
+	}
+	return NULL;
+}
+
+/* One WR of a batch built with the ibv_qp_ex API (wr_start .. wr_complete). */
+struct st_ibv_xwr {
+	uint64_t wr_id;
+	uint64_t raddr;
+	uint32_t rkey;
+	uint32_t bytes;
+	uint16_t num_sge;
+	uint8_t opcode; /* enum ibv_wr_opcode */
+	uint8_t flags;  /* enum ibv_send_flags, low 8 bits */
+};
+#define ST_IBV_XWR_BATCH 32
+
+struct st_ibv_qp_ex_ops {
+	void (*wr_atomic_cmp_swp)(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t, uint64_t);
+	void (*wr_atomic_fetch_add)(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t);
+	void (*wr_bind_mw)(struct ibv_qp_ex *, struct ibv_mw *, uint32_t, const struct ibv_mw_bind_info *);
+	void (*wr_local_inv)(struct ibv_qp_ex *, uint32_t);
+	void (*wr_rdma_read)(struct ibv_qp_ex *, uint32_t, uint64_t);
+	void (*wr_rdma_write)(struct ibv_qp_ex *, uint32_t, uint64_t);
+	void (*wr_rdma_write_imm)(struct ibv_qp_ex *, uint32_t, uint64_t, __be32);
+	void (*wr_send)(struct ibv_qp_ex *);
+	void (*wr_send_imm)(struct ibv_qp_ex *, __be32);
+	void (*wr_send_inv)(struct ibv_qp_ex *, uint32_t);
+	void (*wr_send_tso)(struct ibv_qp_ex *, void *, uint16_t, uint16_t);
+	void (*wr_set_ud_addr)(struct ibv_qp_ex *, struct ibv_ah *, uint32_t, uint32_t);
+	void (*wr_set_inline_data)(struct ibv_qp_ex *, void *, size_t);
+	void (*wr_set_inline_data_list)(struct ibv_qp_ex *, size_t, const struct ibv_data_buf *);
+	void (*wr_set_sge)(struct ibv_qp_ex *, uint32_t, uint64_t, uint32_t);
+	void (*wr_set_sge_list)(struct ibv_qp_ex *, size_t, const struct ibv_sge *);
+	void (*wr_start)(struct ibv_qp_ex *);
+	int (*wr_complete)(struct ibv_qp_ex *);
+	void (*wr_abort)(struct ibv_qp_ex *);
+	void (*wr_atomic_write)(struct ibv_qp_ex *, uint32_t, uint64_t, const void *);
+};
+
+struct st_ibv_qp {
+	const struct ibv_context *ctx; /* key part 1 */
+	uint32_t qpn;                  /* key part 2; slot used when ctx != NULL */
+	uint32_t live;
+	uint32_t dest_qpn;
+	uint32_t peer_node;  /* dlid, or the low 32 bits of the dgid (RoCE) */
+	uint8_t qp_type;
+	uint8_t sq_sig_all;
+	/* ibv_qp_ex API (set once the qp_ex is patched) */
+	struct ibv_qp_ex *qpx;
+	struct st_ibv_qp_ex_ops *xops;
+	struct st_ibv_xwr *xwr;     /* ST_IBV_XWR_BATCH entries */
+	uint32_t xn, xtotal;        /* entries used; WRs in this batch */
+	uint64_t xbytes;            /* bytes in this batch */
+	int xcur;                   /* index of the WR being built, -1 none */
+};
+
+/* Peer key of aggregate counters: remote QPN | peer node << 32. */
+static inline uint64_t st_ibv_qp_peer(const struct st_ibv_qp *q)
+{
+	return q ? ((uint64_t)q->peer_node << 32) | q->dest_qpn : 0;
+}
+
+struct st_ibv_qp *st_ibv_qp_find(const struct ibv_context *c, uint32_t qpn) ST_HIDDEN;
+struct st_ibv_qp *st_ibv_qp_get(const struct ibv_context *c, uint32_t qpn) ST_HIDDEN; /* find or insert */
+
+/* Called for every context handed to the application (ibv_open_device,
+ * mlx5dv_open_device): patches its ops, records IBV_OPEN_DEVICE and the NIC
+ * identity.  Idempotent. */
+void st_ibv_context_opened(struct ibv_context *ctx) ST_HIDDEN;
+/* Records IBV_CREATE_QP for a QP handed to the application (any creator). */
+void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *attr_ex,
+		       const struct ibv_qp_init_attr *attr) ST_HIDDEN;
+/* Patches the ibv_qp_ex function pointers of a QP (idempotent). */
+void st_ibv_qp_ex_patch(struct ibv_qp_ex *qpx) ST_HIDDEN;
+/* Ops-table wrappers (ibv_hot.c). */
+void st_ibv_patch_ops(struct st_ibv_ctx *c, struct ibv_context *ctx) ST_HIDDEN;
+/* A libibverbs function the wrappers need but do not wrap. */
+void *st_ibv_sym(const char *name) ST_HIDDEN;
+
+/* Write a record (and its EXT) with a timestamp taken earlier: the post
+ * wrappers stamp events with the time the application called, but write them
+ * after the call, when the return value and the bad WR are known. */
+static inline void st_ibv_ev_at(uint64_t tsc, uint16_t type, uint16_t aux, uint32_t obj, uint64_t arg,
+				uint64_t x0, uint16_t x1, uint32_t x2, uint64_t x3)
+{
+	struct st_event *e = st_reserve(2);
+	if (unlikely(!e))
+		return;
+	e[0].tsc = tsc;
+	e[0].type = type;
+	e[0].aux = aux;
+	e[0].obj = obj;
+	e[0].arg = arg;
+	e[1].tsc = x0;
+	e[1].type = ST_EV_EXT;
+	e[1].aux = x1;
+	e[1].obj = x2;
+	e[1].arg = x3;
+	st_commit();
+}
+
+#endif /* ST_PROV_IBV_INTERNAL_H */

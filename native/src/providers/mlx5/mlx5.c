@@ -1,0 +1,579 @@
+/*
+ * mlx5dv / DevX provider (F6, F24d): the setup of queues that the CPU or GPU
+ * drives directly, without ibv_post_send.
+ *
+ * What an IBGDA client (NVSHMEM, DeepEP, NCCL GIN) or a CPU WQE writer (UCX
+ * rc_mlx5) does before its first doorbell is recorded here: UAR pages, umem
+ * registrations (with GPU residency), every DevX command with its raw PRM
+ * input and output (PRM_COMMAND side records, so the decoder re-parses them
+ * with sigmatrace.mlx5.prm), and the verbs-QP introspection of
+ * mlx5dv_init_obj.  The doorbell hijack (native/src/hijack/, optional) gets
+ * the UAR, umem and QP facts through the agreed st_hijack_note_* calls.
+ *
+ * All of this is setup: rare calls, so the wrappers may take a mutex and
+ * allocate.  Lifecycle events are recorded in every mode.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <infiniband/mlx5dv.h>
+
+#include "../ibv/ibv_internal.h"
+#include "sigmatrace/mlx5.h"
+
+/* ---- the doorbell hijack (hijack/hijack.h); absent -> NULL --------------- */
+void st_hijack_note_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx) __attribute__((weak)) ST_HIDDEN;
+void st_hijack_forget_uar(void *reg_addr) __attribute__((weak)) ST_HIDDEN;
+void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu) __attribute__((weak)) ST_HIDDEN;
+void st_hijack_forget_umem(uint32_t umem_id) __attribute__((weak)) ST_HIDDEN;
+void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uint64_t sq_offset,
+		       uint32_t log_sq_size, uint32_t dbr_umem_id, uint64_t dbr_offset) __attribute__((weak)) ST_HIDDEN;
+void st_hijack_forget_qp(uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
+
+/* ---- real functions ------------------------------------------------------ */
+static struct ibv_context *(*real_mlx5dv_open_device)(struct ibv_device *, struct mlx5dv_context_attr *);
+static struct ibv_qp *(*real_mlx5dv_create_qp)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
+					       struct mlx5dv_qp_init_attr *);
+static int (*real_mlx5dv_init_obj)(struct mlx5dv_obj *, uint64_t);
+static struct mlx5dv_devx_uar *(*real_alloc_uar)(struct ibv_context *, uint32_t);
+static void (*real_free_uar)(struct mlx5dv_devx_uar *);
+static struct mlx5dv_devx_umem *(*real_umem_reg)(struct ibv_context *, void *, size_t, uint32_t);
+static struct mlx5dv_devx_umem *(*real_umem_reg_ex)(struct ibv_context *, struct mlx5dv_devx_umem_in *);
+static int (*real_umem_dereg)(struct mlx5dv_devx_umem *);
+static struct mlx5dv_devx_obj *(*real_obj_create)(struct ibv_context *, const void *, size_t, void *, size_t);
+static int (*real_obj_modify)(struct mlx5dv_devx_obj *, const void *, size_t, void *, size_t);
+static int (*real_obj_query)(struct mlx5dv_devx_obj *, const void *, size_t, void *, size_t);
+static int (*real_obj_destroy)(struct mlx5dv_devx_obj *);
+static int (*real_general_cmd)(struct ibv_context *, const void *, size_t, void *, size_t);
+static int (*real_query_eqn)(struct ibv_context *, uint32_t, uint32_t *);
+static int (*real_qp_modify)(struct ibv_qp *, const void *, size_t, void *, size_t);
+static int (*real_qp_query)(struct ibv_qp *, const void *, size_t, void *, size_t);
+
+static pthread_mutex_t mlx5_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- DevX objects: handle -> (create opcode, number) ---------------------- */
+struct devx_obj_info {
+	const void *handle; /* NULL = free */
+	uint16_t opcode;    /* the CREATE command */
+	uint32_t number;    /* qpn / cqn / object id */
+};
+#define DEVX_SLOTS 4096
+static struct devx_obj_info devx_objs[DEVX_SLOTS];
+
+static void devx_remember(const void *h, uint16_t op, uint32_t number)
+{
+	pthread_mutex_lock(&mlx5_lock);
+	unsigned s = (unsigned)(((uintptr_t)h >> 4) * 2654435761u) & (DEVX_SLOTS - 1);
+	for (unsigned i = 0; i < DEVX_SLOTS; i++) {
+		struct devx_obj_info *o = &devx_objs[(s + i) & (DEVX_SLOTS - 1)];
+		if (!o->handle || o->handle == h) {
+			o->handle = h;
+			o->opcode = op;
+			o->number = number;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&mlx5_lock);
+}
+
+/* Look up (and with forget, remove) a handle; 0 when unknown. */
+static int devx_lookup(const void *h, uint16_t *op, uint32_t *number, int forget)
+{
+	int found = 0;
+	pthread_mutex_lock(&mlx5_lock);
+	unsigned s = (unsigned)(((uintptr_t)h >> 4) * 2654435761u) & (DEVX_SLOTS - 1);
+	for (unsigned i = 0; i < DEVX_SLOTS; i++) {
+		unsigned k = (s + i) & (DEVX_SLOTS - 1);
+		struct devx_obj_info *o = &devx_objs[k];
+		if (!o->handle)
+			break;
+		if (o->handle == h) {
+			*op = o->opcode;
+			*number = o->number;
+			found = 1;
+			if (forget) {
+				/* backward-shift deletion keeps probe chains intact */
+				unsigned hole = k;
+				for (unsigned j = (k + 1) & (DEVX_SLOTS - 1); devx_objs[j].handle;
+				     j = (j + 1) & (DEVX_SLOTS - 1)) {
+					unsigned home = (unsigned)(((uintptr_t)devx_objs[j].handle >> 4) * 2654435761u) &
+							(DEVX_SLOTS - 1);
+					if (((j - home) & (DEVX_SLOTS - 1)) >= ((j - hole) & (DEVX_SLOTS - 1))) {
+						devx_objs[hole] = devx_objs[j];
+						hole = j;
+					}
+				}
+				devx_objs[hole].handle = NULL;
+			}
+			break;
+		}
+	}
+	pthread_mutex_unlock(&mlx5_lock);
+	return found;
+}
+
+/* ---- PRM helpers (layouts from sigmatrace/mlx5.h) ------------------------ */
+static inline uint16_t prm_opcode(const void *in, size_t inlen)
+{
+	return inlen >= 2 ? (uint16_t)st_devx_get(in, ST_PRM_CMD_OPCODE) : 0;
+}
+
+static inline int is_qp_transition(uint16_t op)
+{
+	return op >= ST_MLX5_CMD_OP_RST2INIT_QP && op <= ST_MLX5_CMD_OP_2RST_QP;
+}
+
+/* The number a CREATE command returns: QPN, CQN, ... sit in DW2 bits 23:0;
+ * general objects (CREATE_GENERAL_OBJECT 0xa00) return a 32-bit obj_id. */
+static uint32_t created_number(uint16_t op, const void *out, size_t outlen)
+{
+	if (outlen < 12)
+		return 0;
+	if (op == ST_MLX5_CMD_OP_CREATE_QP)
+		return (uint32_t)st_devx_get(out, ST_PRM_CREATE_QP_OUT_QPN);
+	if (op == ST_MLX5_CMD_OP_CREATE_CQ)
+		return (uint32_t)st_devx_get(out, ST_PRM_CREATE_CQ_OUT_CQN);
+	if (op == 0xa00)
+		return (uint32_t)st_devx_get(out, 0x040, 32);
+	return (uint32_t)st_devx_get(out, 0x048, 24);
+}
+
+/* PRM buffers are attached as they are; a command cannot be larger than a
+ * few pages, the cap only protects the side channel from nonsense lengths. */
+#define PRM_CAP (64u << 10)
+
+static uint64_t prm_side(const void *in, size_t inlen, const void *out, size_t outlen)
+{
+	if (inlen > PRM_CAP)
+		inlen = PRM_CAP;
+	if (outlen > PRM_CAP)
+		outlen = PRM_CAP;
+	struct st_side_prm h = {.in_len = (uint32_t)(in ? inlen : 0), .out_len = (uint32_t)(out ? outlen : 0)};
+	return st_side_add(ST_SIDE_PRM_COMMAND, &h, sizeof(h), in, h.in_len, out, h.out_len);
+}
+
+/* The SQ of a DevX QP (ref §4.3): umem(wq_umem_id) + wq_umem_offset + RQ
+ * bytes; the RQ is 2^log_rq_size entries of 2^(log_rq_stride+4) bytes when
+ * the QP has its own (rq_type 0), nothing with an SRQ or a zero-length RQ. */
+static void note_created_qp(const void *in, size_t inlen, uint32_t qpn)
+{
+	if (!st_hijack_note_qp || inlen < ST_PRM_CREATE_QP_IN_SIZE)
+		return;
+	uint64_t rq_bytes = 0;
+	/* as sigmatrace.mlx5.prm.CreateQP.rq_size_bytes: a regular RQ of more than one entry */
+	if (st_devx_get(in, ST_PRM_QPC_RQ_TYPE) == 0 && st_devx_get(in, ST_PRM_QPC_LOG_RQ_SIZE) > 0)
+		rq_bytes = (1ull << st_devx_get(in, ST_PRM_QPC_LOG_RQ_SIZE)) << (st_devx_get(in, ST_PRM_QPC_LOG_RQ_STRIDE) + 4);
+	uint64_t sq_offset = st_devx_get(in, ST_PRM_CREATE_QP_WQ_UMEM_OFFSET) + rq_bytes;
+	uint32_t dbr_umem = st_devx_get(in, ST_PRM_QPC_DBR_UMEM_VALID) ? (uint32_t)st_devx_get(in, ST_PRM_QPC_DBR_UMEM_ID) : 0;
+	uint32_t wq_umem = st_devx_get(in, ST_PRM_CREATE_QP_WQ_UMEM_VALID)
+				   ? (uint32_t)st_devx_get(in, ST_PRM_CREATE_QP_WQ_UMEM_ID) : 0;
+	st_hijack_note_qp(qpn, (uint32_t)st_devx_get(in, ST_PRM_QPC_UAR_PAGE), wq_umem, sq_offset,
+			  (uint32_t)st_devx_get(in, ST_PRM_QPC_LOG_SQ_SIZE), dbr_umem, st_devx_get(in, ST_PRM_QPC_DBR_ADDR));
+}
+
+/* ---- GPU residency --------------------------------------------------------
+ * Asked of the CUDA driver only when the program has loaded it; looked up in
+ * libcuda itself (not RTLD_DEFAULT), so a traced cuPointerGetAttribute of the
+ * cuda provider does not record our own question. */
+static int addr_on_gpu(const void *addr)
+{
+	void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+	if (!lib)
+		return 0;
+	typedef int (*get_attr_fn)(void *, int, unsigned long long);
+	get_attr_fn fn = (get_attr_fn)st_real_dlsym(lib, "cuPointerGetAttribute");
+	int gpu = 0;
+	if (fn) {
+		unsigned int memtype = 0;
+		/* CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_MEMORYTYPE_DEVICE = 2 */
+		gpu = fn(&memtype, 2, (unsigned long long)(uintptr_t)addr) == 0 && memtype == 2;
+	}
+	dlclose(lib);
+	return gpu;
+}
+
+/* ---- contexts and verbs QPs created through mlx5dv ------------------------ */
+ST_EXPORT struct ibv_context *mlx5dv_open_device(struct ibv_device *dev, struct mlx5dv_context_attr *attr)
+{
+	if (!ST_REAL(real_mlx5dv_open_device, "mlx5dv_open_device")) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (!st_rdma_should(ST_PROV_IBV))
+		return real_mlx5dv_open_device(dev, attr);
+	st_rdma_enter();
+	struct ibv_context *ctx = real_mlx5dv_open_device(dev, attr);
+	st_rdma_leave();
+	if (ctx)
+		st_ibv_context_opened(ctx); /* the hot ops of a DevX context are verbs too */
+	return ctx;
+}
+
+ST_EXPORT struct ibv_qp *mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr,
+					  struct mlx5dv_qp_init_attr *mattr)
+{
+	if (!ST_REAL(real_mlx5dv_create_qp, "mlx5dv_create_qp")) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (!st_rdma_should(ST_PROV_IBV))
+		return real_mlx5dv_create_qp(ctx, attr, mattr);
+	st_rdma_enter();
+	struct ibv_qp *qp = real_mlx5dv_create_qp(ctx, attr, mattr);
+	st_rdma_leave();
+	st_ibv_qp_created(qp, attr, NULL);
+	return qp;
+}
+
+/* MLX5_DV_INIT_QP: where a verbs QP's send queue, doorbell record and
+ * BlueFlame register are — what a CPU WQE writer (UCX rc_mlx5) uses from then
+ * on instead of ibv_post_send (F24d). */
+ST_EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
+{
+	if (!ST_REAL(real_mlx5dv_init_obj, "mlx5dv_init_obj"))
+		return ENOSYS;
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_mlx5dv_init_obj(obj, type);
+	st_rdma_enter();
+	int ret = real_mlx5dv_init_obj(obj, type);
+	st_rdma_leave();
+	if (ret != 0 || !obj || !(type & MLX5DV_OBJ_QP) || !obj->qp.in || !obj->qp.out)
+		return ret;
+	int saved = errno;
+	const struct ibv_qp *qp = obj->qp.in;
+	const struct mlx5dv_qp *dq = obj->qp.out;
+	char buf[768];
+	struct st_json j;
+	st_json_init(&j, buf, sizeof(buf));
+	st_json_open(&j, NULL, '{');
+	st_json_uint(&j, "qpn", qp->qp_num);
+	st_json_hex(&j, "sq_buf", (uintptr_t)dq->sq.buf);
+	st_json_uint(&j, "sq_wqe_cnt", dq->sq.wqe_cnt);
+	st_json_uint(&j, "sq_stride", dq->sq.stride);
+	st_json_hex(&j, "rq_buf", (uintptr_t)dq->rq.buf);
+	st_json_uint(&j, "rq_wqe_cnt", dq->rq.wqe_cnt);
+	st_json_uint(&j, "rq_stride", dq->rq.stride);
+	st_json_hex(&j, "dbrec", (uintptr_t)dq->dbrec);
+	st_json_hex(&j, "bf_reg", (uintptr_t)dq->bf.reg);
+	st_json_uint(&j, "bf_size", dq->bf.size);
+	st_json_hex(&j, "comp_mask", dq->comp_mask);
+	st_json_close(&j, '}');
+	st_ev(ST_EV_MLX5_DV_INIT_QP, 0, qp->qp_num, j.overflow ? 0 : st_side_json(buf, j.len));
+	errno = saved;
+	return ret;
+}
+
+/* ---- UAR ----------------------------------------------------------------- */
+ST_EXPORT struct mlx5dv_devx_uar *mlx5dv_devx_alloc_uar(struct ibv_context *ctx, uint32_t flags)
+{
+	if (!ST_REAL(real_alloc_uar, "mlx5dv_devx_alloc_uar")) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_alloc_uar(ctx, flags);
+	st_rdma_enter();
+	struct mlx5dv_devx_uar *u = real_alloc_uar(ctx, flags);
+	st_rdma_leave();
+	if (u) {
+		int saved = errno;
+		st_ev_ext(ST_EV_MLX5_DEVX_ALLOC_UAR, (uint16_t)flags, u->page_id, (uintptr_t)u->reg_addr,
+			  (uintptr_t)u->base_addr, 0, flags, (uint64_t)u->mmap_off);
+		if (st_hijack_note_uar)
+			st_hijack_note_uar(u->reg_addr, u->base_addr, u->page_id, ctx);
+		errno = saved;
+	}
+	return u;
+}
+
+ST_EXPORT void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *u)
+{
+	if (!ST_REAL(real_free_uar, "mlx5dv_devx_free_uar"))
+		return;
+	if (!st_rdma_should(ST_PROV_MLX5) || !u) {
+		real_free_uar(u);
+		return;
+	}
+	uint32_t page = u->page_id;
+	void *reg = u->reg_addr;
+	/* the hijack lets go of the page before it disappears */
+	if (st_hijack_forget_uar)
+		st_hijack_forget_uar(reg);
+	st_rdma_enter();
+	real_free_uar(u);
+	st_rdma_leave();
+	int saved = errno;
+	st_ev(ST_EV_MLX5_DEVX_FREE_UAR, 0, page, (uintptr_t)reg);
+	errno = saved;
+}
+
+/* ---- UMEM ---------------------------------------------------------------- */
+static void umem_event(struct mlx5dv_devx_umem *m, void *addr, size_t size, uint32_t access, unsigned flags)
+{
+	int saved = errno;
+	st_ev_ext(ST_EV_MLX5_DEVX_UMEM_REG, (uint16_t)flags, m->umem_id, (uintptr_t)addr, size, 0, access, 0);
+	if (st_hijack_note_umem && !(flags & ST_UMEM_F_DMABUF))
+		st_hijack_note_umem(m->umem_id, addr, size, !!(flags & ST_UMEM_F_GPU));
+	errno = saved;
+}
+
+ST_EXPORT struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg(struct ibv_context *ctx, void *addr, size_t size,
+							 uint32_t access)
+{
+	if (!ST_REAL(real_umem_reg, "mlx5dv_devx_umem_reg")) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_umem_reg(ctx, addr, size, access);
+	st_rdma_enter();
+	struct mlx5dv_devx_umem *m = real_umem_reg(ctx, addr, size, access);
+	st_rdma_leave();
+	if (m) {
+		int saved = errno;
+		unsigned flags = addr_on_gpu(addr) ? ST_UMEM_F_GPU : 0;
+		errno = saved;
+		umem_event(m, addr, size, access, flags);
+	}
+	return m;
+}
+
+ST_EXPORT struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg_ex(struct ibv_context *ctx, struct mlx5dv_devx_umem_in *in)
+{
+	if (!ST_REAL(real_umem_reg_ex, "mlx5dv_devx_umem_reg_ex")) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (!st_rdma_should(ST_PROV_MLX5) || !in)
+		return real_umem_reg_ex(ctx, in);
+	st_rdma_enter();
+	struct mlx5dv_devx_umem *m = real_umem_reg_ex(ctx, in);
+	st_rdma_leave();
+	if (m) {
+		int saved = errno;
+		/* with a dma-buf, addr is the offset in the buffer (ref §4.1); the
+		 * exporter (cuMemGetHandleForAddressRange in NVSHMEM) is a GPU */
+		unsigned flags = (in->comp_mask & MLX5DV_UMEM_MASK_DMABUF) ? ST_UMEM_F_DMABUF | ST_UMEM_F_GPU
+			       : addr_on_gpu(in->addr)                    ? ST_UMEM_F_GPU
+										    : 0;
+		errno = saved;
+		umem_event(m, in->addr, in->size, in->access, flags);
+	}
+	return m;
+}
+
+ST_EXPORT int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *m)
+{
+	if (!ST_REAL(real_umem_dereg, "mlx5dv_devx_umem_dereg"))
+		return ENOSYS;
+	if (!st_rdma_should(ST_PROV_MLX5) || !m)
+		return real_umem_dereg(m);
+	uint32_t id = m->umem_id;
+	st_rdma_enter();
+	int ret = real_umem_dereg(m);
+	st_rdma_leave();
+	int saved = errno;
+	if (ret == 0) {
+		if (st_hijack_forget_umem)
+			st_hijack_forget_umem(id);
+		st_ev(ST_EV_MLX5_DEVX_UMEM_DEREG, 0, id, 0);
+	}
+	errno = saved;
+	return ret;
+}
+
+/* ---- DevX commands ------------------------------------------------------- */
+ST_EXPORT struct mlx5dv_devx_obj *mlx5dv_devx_obj_create(struct ibv_context *ctx, const void *in, size_t inlen,
+							  void *out, size_t outlen)
+{
+	if (!ST_REAL(real_obj_create, "mlx5dv_devx_obj_create")) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_obj_create(ctx, in, inlen, out, outlen);
+	st_rdma_enter();
+	struct mlx5dv_devx_obj *o = real_obj_create(ctx, in, inlen, out, outlen);
+	st_rdma_leave();
+	int saved = errno;
+	uint16_t op = prm_opcode(in, inlen);
+	uint32_t number = o ? created_number(op, out, outlen) : 0;
+	uint32_t status = outlen >= 1 ? ((const uint8_t *)out)[0] : 0;
+	uint64_t side = prm_side(in, inlen, out, outlen);
+	st_ev_ext(ST_EV_MLX5_DEVX_OBJ_CREATE, op, number, side, (uintptr_t)o, 0, status, 0);
+	if (o) {
+		devx_remember(o, op, number);
+		if (op == ST_MLX5_CMD_OP_CREATE_QP)
+			note_created_qp(in, inlen, number);
+	}
+	errno = saved;
+	return o;
+}
+
+/* obj of a modify/query event: the QPN in the command for QP transitions,
+ * else the number the object was created with */
+static uint32_t command_number(const void *handle, uint16_t op, const void *in, size_t inlen)
+{
+	if ((is_qp_transition(op) || op == ST_MLX5_CMD_OP_QUERY_QP) && inlen >= 12)
+		return (uint32_t)st_devx_get(in, ST_PRM_MODIFY_QP_QPN);
+	uint16_t cop;
+	uint32_t n = 0;
+	if (handle && devx_lookup(handle, &cop, &n, 0))
+		return n;
+	return 0;
+}
+
+ST_EXPORT int mlx5dv_devx_obj_modify(struct mlx5dv_devx_obj *o, const void *in, size_t inlen, void *out,
+				     size_t outlen)
+{
+	if (!ST_REAL(real_obj_modify, "mlx5dv_devx_obj_modify"))
+		return ENOSYS;
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_obj_modify(o, in, inlen, out, outlen);
+	st_rdma_enter();
+	int ret = real_obj_modify(o, in, inlen, out, outlen);
+	st_rdma_leave();
+	int saved = errno;
+	uint16_t op = prm_opcode(in, inlen);
+	st_ev(ST_EV_MLX5_DEVX_OBJ_MODIFY, op, command_number(o, op, in, inlen), prm_side(in, inlen, out, outlen));
+	errno = saved;
+	return ret;
+}
+
+ST_EXPORT int mlx5dv_devx_obj_query(struct mlx5dv_devx_obj *o, const void *in, size_t inlen, void *out,
+				    size_t outlen)
+{
+	if (!ST_REAL(real_obj_query, "mlx5dv_devx_obj_query"))
+		return ENOSYS;
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_obj_query(o, in, inlen, out, outlen);
+	st_rdma_enter();
+	int ret = real_obj_query(o, in, inlen, out, outlen);
+	st_rdma_leave();
+	int saved = errno;
+	uint16_t op = prm_opcode(in, inlen);
+	st_ev(ST_EV_MLX5_DEVX_OBJ_QUERY, op, command_number(o, op, in, inlen), prm_side(in, inlen, out, outlen));
+	errno = saved;
+	return ret;
+}
+
+ST_EXPORT int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *o)
+{
+	if (!ST_REAL(real_obj_destroy, "mlx5dv_devx_obj_destroy"))
+		return ENOSYS;
+	if (!st_rdma_should(ST_PROV_MLX5) || !o)
+		return real_obj_destroy(o);
+	uint16_t op = 0;
+	uint32_t number = 0;
+	int known = devx_lookup(o, &op, &number, 0);
+	if (known && op == ST_MLX5_CMD_OP_CREATE_QP && st_hijack_forget_qp)
+		st_hijack_forget_qp(number); /* before the QP's memory can be reused */
+	st_rdma_enter();
+	int ret = real_obj_destroy(o);
+	st_rdma_leave();
+	int saved = errno;
+	if (ret == 0) {
+		if (known)
+			devx_lookup(o, &op, &number, 1);
+		st_ev(ST_EV_MLX5_DEVX_OBJ_DESTROY, op, number, (uintptr_t)o);
+	}
+	errno = saved;
+	return ret;
+}
+
+ST_EXPORT int mlx5dv_devx_general_cmd(struct ibv_context *ctx, const void *in, size_t inlen, void *out,
+				      size_t outlen)
+{
+	if (!ST_REAL(real_general_cmd, "mlx5dv_devx_general_cmd"))
+		return ENOSYS;
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_general_cmd(ctx, in, inlen, out, outlen);
+	st_rdma_enter();
+	int ret = real_general_cmd(ctx, in, inlen, out, outlen);
+	st_rdma_leave();
+	int saved = errno;
+	st_ev(ST_EV_MLX5_DEVX_GENERAL_CMD, prm_opcode(in, inlen), 0, prm_side(in, inlen, out, outlen));
+	errno = saved;
+	return ret;
+}
+
+/* DevX commands on verbs objects (mlx5dv_devx_qp_modify/_query): same events,
+ * the QPN read from the command. */
+ST_EXPORT int mlx5dv_devx_qp_modify(struct ibv_qp *qp, const void *in, size_t inlen, void *out, size_t outlen)
+{
+	if (!ST_REAL(real_qp_modify, "mlx5dv_devx_qp_modify"))
+		return ENOSYS;
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_qp_modify(qp, in, inlen, out, outlen);
+	st_rdma_enter();
+	int ret = real_qp_modify(qp, in, inlen, out, outlen);
+	st_rdma_leave();
+	int saved = errno;
+	uint16_t op = prm_opcode(in, inlen);
+	uint32_t qpn = is_qp_transition(op) && inlen >= 12 ? (uint32_t)st_devx_get(in, ST_PRM_MODIFY_QP_QPN)
+			: qp ? qp->qp_num : 0;
+	st_ev(ST_EV_MLX5_DEVX_OBJ_MODIFY, op, qpn, prm_side(in, inlen, out, outlen));
+	errno = saved;
+	return ret;
+}
+
+ST_EXPORT int mlx5dv_devx_qp_query(struct ibv_qp *qp, const void *in, size_t inlen, void *out, size_t outlen)
+{
+	if (!ST_REAL(real_qp_query, "mlx5dv_devx_qp_query"))
+		return ENOSYS;
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_qp_query(qp, in, inlen, out, outlen);
+	st_rdma_enter();
+	int ret = real_qp_query(qp, in, inlen, out, outlen);
+	st_rdma_leave();
+	int saved = errno;
+	st_ev(ST_EV_MLX5_DEVX_OBJ_QUERY, prm_opcode(in, inlen), qp ? qp->qp_num : 0, prm_side(in, inlen, out, outlen));
+	errno = saved;
+	return ret;
+}
+
+ST_EXPORT int mlx5dv_devx_query_eqn(struct ibv_context *ctx, uint32_t vector, uint32_t *eqn)
+{
+	if (!ST_REAL(real_query_eqn, "mlx5dv_devx_query_eqn"))
+		return ENOSYS;
+	if (!st_rdma_should(ST_PROV_MLX5))
+		return real_query_eqn(ctx, vector, eqn);
+	st_rdma_enter();
+	int ret = real_query_eqn(ctx, vector, eqn);
+	st_rdma_leave();
+	if (ret == 0 && eqn) {
+		int saved = errno;
+		st_ev(ST_EV_MLX5_DEVX_QUERY_EQN, 0, *eqn, vector);
+		errno = saved;
+	}
+	return ret;
+}
+
+/* ---- registration -------------------------------------------------------- */
+static const struct st_hook mlx5_hooks[] = {
+	{"mlx5dv_open_device", (void *)mlx5dv_open_device, (void **)&real_mlx5dv_open_device, ST_PROV_IBV},
+	{"mlx5dv_create_qp", (void *)mlx5dv_create_qp, (void **)&real_mlx5dv_create_qp, ST_PROV_IBV},
+	{"mlx5dv_init_obj", (void *)mlx5dv_init_obj, (void **)&real_mlx5dv_init_obj, ST_PROV_MLX5},
+	{"mlx5dv_devx_alloc_uar", (void *)mlx5dv_devx_alloc_uar, (void **)&real_alloc_uar, ST_PROV_MLX5},
+	{"mlx5dv_devx_free_uar", (void *)mlx5dv_devx_free_uar, (void **)&real_free_uar, ST_PROV_MLX5},
+	{"mlx5dv_devx_umem_reg", (void *)mlx5dv_devx_umem_reg, (void **)&real_umem_reg, ST_PROV_MLX5},
+	{"mlx5dv_devx_umem_reg_ex", (void *)mlx5dv_devx_umem_reg_ex, (void **)&real_umem_reg_ex, ST_PROV_MLX5},
+	{"mlx5dv_devx_umem_dereg", (void *)mlx5dv_devx_umem_dereg, (void **)&real_umem_dereg, ST_PROV_MLX5},
+	{"mlx5dv_devx_obj_create", (void *)mlx5dv_devx_obj_create, (void **)&real_obj_create, ST_PROV_MLX5},
+	{"mlx5dv_devx_obj_modify", (void *)mlx5dv_devx_obj_modify, (void **)&real_obj_modify, ST_PROV_MLX5},
+	{"mlx5dv_devx_obj_query", (void *)mlx5dv_devx_obj_query, (void **)&real_obj_query, ST_PROV_MLX5},
+	{"mlx5dv_devx_obj_destroy", (void *)mlx5dv_devx_obj_destroy, (void **)&real_obj_destroy, ST_PROV_MLX5},
+	{"mlx5dv_devx_general_cmd", (void *)mlx5dv_devx_general_cmd, (void **)&real_general_cmd, ST_PROV_MLX5},
+	{"mlx5dv_devx_qp_modify", (void *)mlx5dv_devx_qp_modify, (void **)&real_qp_modify, ST_PROV_MLX5},
+	{"mlx5dv_devx_qp_query", (void *)mlx5dv_devx_qp_query, (void **)&real_qp_query, ST_PROV_MLX5},
+	{"mlx5dv_devx_query_eqn", (void *)mlx5dv_devx_query_eqn, (void **)&real_query_eqn, ST_PROV_MLX5},
+};
+
+__attribute__((constructor(111))) static void mlx5_provider_init(void)
+{
+	st_hooks_register(mlx5_hooks, sizeof(mlx5_hooks) / sizeof(mlx5_hooks[0]));
+}

@@ -1,0 +1,145 @@
+"""The native tracer inside unmodified ucx_perftest (ucx-utils), F10/F3.
+
+Server and client both traced, over UCX_TLS=tcp and a shared-memory
+transport (posix + self), for a tag test and an RMA test; warm-up disabled
+(-w 0) so the counts are exactly -n iterations of -s bytes.
+"""
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from sigmatrace import _native
+from sigmatrace.format import events as E
+from sigmatrace.format import read_capture
+
+pytestmark = pytest.mark.sim
+
+LIB = _native.tracer_library()
+PERFTEST = shutil.which("ucx_perftest")
+needs = pytest.mark.skipif(LIB is None or PERFTEST is None,
+                           reason="needs build/dev/libsigmatrace.so and ucx_perftest (ucx-utils)")
+ITERS, SIZE = 200, 256
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def perftest(tmp_path, tls, test, mode="simple", providers=None, iters=ITERS, size=SIZE, traced=True):
+    out = tmp_path / f"ucx-{tls}-{test}-{mode}-{providers}-{traced}".replace(",", "_")
+    env = dict(os.environ, UCX_TLS=tls, UCX_WARN_UNUSED_ENV_VARS="n")
+    if traced:
+        env.update(LD_PRELOAD=str(LIB), SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_MODE=mode)
+        if providers is not None:
+            env["SIGMATRACE_PROVIDERS"] = providers
+    for attempt in range(3):
+        port = free_port()
+        srv = subprocess.Popen([PERFTEST, "-p", str(port)], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        time.sleep(0.4)
+        cli = subprocess.run([PERFTEST, "-p", str(port), "-t", test, "-n", str(iters), "-s", str(size), "-w", "0",
+                              "127.0.0.1"], env=env, capture_output=True, text=True, timeout=25)
+        try:
+            sout, _ = srv.communicate(timeout=25)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            sout, _ = srv.communicate()
+        if "Address already in use" not in sout + cli.stdout + cli.stderr:
+            return out, (srv.returncode, sout), (cli.returncode, cli.stdout + cli.stderr)
+    pytest.fail("could not get a free port")
+
+
+def op_bytes(cap, name, i):
+    t = cap.table(name)
+    return t["bytes"][t["process"] == i]
+
+
+def client_server(cap):
+    """(client, server) ProcessInfo: the client has the host argument."""
+    a, b = cap.processes
+    return (a, b) if "127.0.0.1" in a.header["argv"] else (b, a)
+
+
+@needs
+@pytest.mark.parametrize("tls", ["tcp", "posix,self"])
+def test_tag_latency(tmp_path, tls):
+    out, (rc_s, _), (rc_c, cout) = perftest(tmp_path, tls, "tag_lat")
+    assert rc_s == rc_c == 0, cout
+    assert "Final:" in cout
+    cap = read_capture(out)
+    assert cap.losses == [] and len(cap.processes) == 2
+    for p in cap.processes:
+        assert p.complete and p.end["dropped_events"] == 0 and "ucx" in p.header["providers"]
+        s = op_bytes(cap, "UCP_TAG_SEND", p.index)
+        r = op_bytes(cap, "UCP_TAG_RECV", p.index)
+        assert len(s) == ITERS and np.all(s == SIZE)
+        assert len(r) == ITERS and np.all(r == SIZE)
+        names = {E.name_of(t) for t in np.unique(cap.events["type"][cap.event_process == p.index])}
+        assert {"UCP_WORKER_CREATE", "UCP_EP_CREATE"} <= names
+        assert "UCP_WORKER_PROGRESS" not in names  # simple mode omits progress calls
+    # peer identity: each side's endpoint names the other's worker address
+    cli, srv = client_server(cap)
+
+    def side_json(p, name):
+        t = cap.table(name)
+        return p.side[int(t["side_id"][t["process"] == p.index][0])].json()
+
+    assert side_json(cli, "UCP_EP_CREATE")["remote_address_prefix"] == side_json(srv, "UCP_WORKER_CREATE")["address_prefix"]
+    assert side_json(srv, "UCP_EP_CREATE")["remote_address_prefix"] == side_json(cli, "UCP_WORKER_CREATE")["address_prefix"]
+
+
+@needs
+@pytest.mark.parametrize("tls", ["tcp", "posix,self"])
+def test_put_latency(tmp_path, tls):
+    out, (rc_s, _), (rc_c, cout) = perftest(tmp_path, tls, "ucp_put_lat")
+    assert rc_s == rc_c == 0, cout
+    cap = read_capture(out)
+    for p in cap.processes:  # ping-pong of puts: both sides write ITERS times
+        b = op_bytes(cap, "UCP_PUT", p.index)
+        assert len(b) == ITERS and np.all(b == SIZE)
+        raddr = cap.table("UCP_PUT")["raddr"][cap.table("UCP_PUT")["process"] == p.index]
+        assert np.all(raddr != 0)
+
+
+@needs
+def test_put_bandwidth_aggregate(tmp_path):
+    out, (rc_s, _), (rc_c, cout) = perftest(tmp_path, "tcp", "ucp_put_bw", mode="aggregate")
+    assert rc_s == rc_c == 0, cout
+    cap = read_capture(out)
+    cli, srv = client_server(cap)
+    agg = cli.aggregates
+    put = agg[agg["type"] == E.value("UCP_PUT")]
+    # ITERS puts of SIZE bytes (perftest may add one closing put of the same size)
+    assert int(put["count"].sum()) in (ITERS, ITERS + 1)
+    assert int(put["bytes"].sum()) == int(put["count"].sum()) * SIZE
+    assert len(srv.aggregates[srv.aggregates["type"] == E.value("UCP_PUT")]) == 0  # one-sided
+    assert cap.count_by_type().get("UCP_PUT", 0) == 0  # counters only, no events
+
+
+@needs
+def test_full_mode_progress_and_completions(tmp_path):
+    out, (rc_s, _), (rc_c, cout) = perftest(tmp_path, "tcp", "tag_bw", mode="full", iters=50)
+    assert rc_s == rc_c == 0, cout
+    cap = read_capture(out)
+    cli, srv = client_server(cap)
+    by = cap.count_by_type()
+    assert by["UCP_WORKER_PROGRESS"] > 0
+    assert len(op_bytes(cap, "UCP_TAG_SEND", cli.index)) == 50
+    assert len(op_bytes(cap, "UCP_TAG_RECV", srv.index)) == 50
+    # every send either completed in place or was reported done later
+    done = cap.table("UCP_REQUEST_DONE")
+    assert np.count_nonzero(done["process"] == cli.index) >= 1
+
+
+@needs
+def test_ucx_disabled_provider(tmp_path):
+    out, (rc_s, _), (rc_c, _) = perftest(tmp_path, "tcp", "tag_lat", providers="ofi")
+    assert rc_s == rc_c == 0
+    assert not out.exists() or list(out.iterdir()) == []
