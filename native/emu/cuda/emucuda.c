@@ -19,7 +19,6 @@
  * (the "copy engine"); the NULL stream executes synchronously.  Values of
  * enums and error codes are those of cuda.h (facts, see reference §5.1).
  */
-#define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>

@@ -1,0 +1,38 @@
+/* sigmatrace — GPU doorbell hijack (F8) and WQE recovery (F9, F24c).
+ *
+ * Interface used by the mlx5dv provider (DevX wrappers) to tell the hijack
+ * which UAR pages, umems and QPs exist.  The provider declares these weak, so
+ * the tracer links with or without the hijack.  All functions are thread-safe
+ * and cheap; none calls back into the application.
+ */
+#ifndef SIGMATRACE_HIJACK_H
+#define SIGMATRACE_HIJACK_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A UAR was allocated (mlx5dv_devx_alloc_uar): reg_addr is the doorbell
+ * register (BlueFlame/DB offset inside the page), base_addr the page start,
+ * page_id the UAR index used in QP contexts, ctx the ibv_context. */
+void st_hijack_note_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx);
+/* The UAR is being freed: stop its poller(s) before the page goes away. */
+void st_hijack_forget_uar(void *reg_addr);
+
+/* A umem was registered (mlx5dv_devx_umem_reg); gpu != 0 if addr is device memory. */
+void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu);
+void st_hijack_forget_umem(uint32_t umem_id);
+
+/* A QP was created through DevX (CREATE_QP): its SQ lives in umem wq_umem_id at
+ * sq_offset, 2^log_sq_size WQEBBs of 64 bytes; its doorbell record in
+ * dbr_umem_id at dbr_offset; it rings UAR page uar_page. */
+void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uint64_t sq_offset,
+                       uint32_t log_sq_size, uint32_t dbr_umem_id, uint64_t dbr_offset);
+void st_hijack_forget_qp(uint32_t qpn);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

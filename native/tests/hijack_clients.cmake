@@ -1,0 +1,11 @@
+# Hijack test clients (tests/test_hijack_*.py), included from tests/CMakeLists.txt.
+include_guard(GLOBAL)
+if(ST_HAVE_VERBS AND ST_HAVE_MLX5DV AND EXISTS ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda/emucuda.c)
+  add_executable(hijack_client ${CMAKE_CURRENT_LIST_DIR}/hijack_client.c)
+  target_include_directories(hijack_client PRIVATE ${ST_INCLUDE_DIR} ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda)
+  target_link_libraries(hijack_client PRIVATE st_emu_mlx5 st_emu_ibverbs st_emu_cuda pthread dl)
+  set_target_properties(hijack_client PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+    BUILD_RPATH "" SKIP_BUILD_RPATH ON)
+  install(TARGETS hijack_client RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
+endif()
