@@ -21,6 +21,9 @@ def register(subparsers):
     p.add_argument("--batch-threshold", type=int, default=None)
     p.add_argument("--queue-depth", type=int, default=None, help="SQ depth in WQEBBs (NVSHMEM_QP_DEPTH)")
     p.add_argument("--poller-wakeup-ns", type=float, default=None)
+    p.add_argument("--engine", choices=("auto", "simpy", "vector"), default=None,
+                   help="allreduce: CPU proxies as SimPy processes (simpy) or closed-form generation (vector); "
+                        "auto = simpy up to 8 nodes")
     p.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                    help="workload parameter, e.g. -p skew=1.5 -p scale=10 -p size=134217728 -p iters=5")
     p.add_argument("--json", action="store_true", help="print the ground-truth summary as JSON")
@@ -41,7 +44,7 @@ def run(args):
     params = dict(seed=args.seed, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                   nics_per_node=args.nics_per_node, mode=args.mode, hijack=args.hijack,
                   batch_threshold=args.batch_threshold, qp_depth=args.queue_depth,
-                  poller_wakeup_ns=args.poller_wakeup_ns)
+                  poller_wakeup_ns=args.poller_wakeup_ns, engine=args.engine)
     for kv in args.param:
         if "=" not in kv:
             print(f"sigmatrace sim: --param expects KEY=VALUE, got {kv!r}", file=sys.stderr)

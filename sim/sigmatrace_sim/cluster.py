@@ -2,6 +2,7 @@
 and the records of the IBGDA setup path, exactly as the native tracer writes them.
 """
 import hashlib
+import heapq
 import io
 import json
 import os
@@ -13,12 +14,12 @@ import simpy
 from sigmatrace.format import events as E
 from sigmatrace.mlx5 import prm as P
 
-from .capture import GroundTruth, ProcessRecorder, T
+from .capture import GroundTruth, ProcessRecorder, T, save_npz
 from .clock import make_clocks, JOB_EPOCH_NS
 from .fabric import Fabric
 from .gpu import PE, heap_base
 from .host import HijackPoller, recovery_helper
-from .nic import Nic, QueuePair, UarPage
+from .nic import Nic, QueuePair, UarPage, at
 from .params import Timing, TracerConfig
 
 SIM_VERSION = "0.1.0"
@@ -69,6 +70,8 @@ class Cluster:
         self.clocks = make_clocks(nodes, np.random.default_rng(self.seed + 7919), clock_drift_ppm, ptp_error_ns)
         self.bytes_moved = 0
         self.wqe_lost = 0
+        self.effects = []        # remote-effect timeline: heap of (t_responder, seq, memory, effect, qp, index)
+        self._effect_seq = 0
         self.params = {}
         self.nics = []
         for n in range(nodes):
@@ -214,7 +217,7 @@ class Cluster:
                                      wq_umem_id=wq_umem, wq_umem_valid=1, wq_umem_offset=0)
         sid = rec.side_prm(qp_in, P.build_create_qp_out(qpn))
         rec.ev(1, self._tick(pe.rank), T["MLX5_DEVX_OBJ_CREATE"], 0x500, qpn, sid, ext=(0x2000 + qpn, 0, 0, 0))
-        qp = QueuePair(self.env, qpn, pe, nic, depth, cqn, self.start_index)
+        qp = QueuePair(self.env, qpn, pe, nic, depth, cqn, self.start_index, poll_ns=self.timing.gpu_poll_ns)
         qp.gid = len(self.qps)
         qp.uar = UarPage(self.env, nic, page, reg_addr)
         qp.uar.proxy = (proxy, proxy_dev)
@@ -280,6 +283,38 @@ class Cluster:
         self.t_start_kernel = max(self._setup_t) + 10000.0
         return self.t_start_kernel
 
+    # -- remote effects (atomics, inline writes) at the responder ------------------
+    def push_effect(self, t, mem, effect, qp, index):
+        """The NIC's responder will update `mem` at time t (closed form, nic.py).
+
+        Effects on different words commute, effects on one word apply in time order
+        (ties: in the order the NIC issued them); they are applied lazily, before any
+        read of that memory (Memory.get/apply, the end of a CQ wait) or, when a GPU
+        waits on the word, by one wake-up event at time t."""
+        self._effect_seq += 1
+        heapq.heappush(self.effects, (t, self._effect_seq, mem, effect, qp, index))
+        addr = effect[1]
+        mem.pending.setdefault(addr, []).append(t)
+        if addr in mem.waiters:
+            self.wake_at(t)
+
+    def wake_at(self, t):
+        at(self.env, t, self._drain_event)
+
+    def _drain_event(self, _ev):
+        self.drain(self.env.now)
+
+    def drain(self, now):
+        """Apply every remote effect due by `now`, in time order."""
+        eff = self.effects
+        while eff and eff[0][0] <= now:
+            t, _seq, mem, (kind, addr, a, b), qp, index = heapq.heappop(eff)
+            times = mem.pending[addr]
+            times.remove(t)
+            if not times:
+                del mem.pending[addr]
+            qp.results[index] = mem._apply(kind, addr, a, b)
+
     # -- running -------------------------------------------------------------
     def launch(self, kernel, *args):
         """Start one GPU block (a generator function) at the kernel start time."""
@@ -293,6 +328,7 @@ class Cluster:
         self.env.run(until=done)
         # let the last completions and forwards drain
         self.env.run(until=self.env.now + 200000.0)
+        self.drain(self.env.now)
         return self.env.now
 
     # -- output -----------------------------------------------------------------
@@ -314,13 +350,14 @@ class Cluster:
         with open(output, "wb") as f:
             f.write(data)
         npz, js = truth_paths(output)
-        w, d, b = self.truth.arrays()
+        w, d, b = self.truth.arrays(self.qps)
+        self.doorbells_simulated = len(d)
         if self.truth_from_ns is not None:
             # keep the recorded window (and anything the tracer saw); counts below still cover the whole run
             full_w, full_d = w, d
             w = w[(w["t_post"] >= self.truth_from_ns) | (w["traced"] == 1)]
             d = d[(d["t_write"] >= self.truth_from_ns) | d["recorded"]]
-        np.savez_compressed(npz, wqes=w, doorbells=d, barriers=b)
+        save_npz(npz, wqes=w, doorbells=d, barriers=b)
         meta = self.truth_meta(w, d, t_end)
         meta.update(extra_meta)
         with open(js, "w") as f:
@@ -362,7 +399,8 @@ class Cluster:
             "counts": {"wqes": int(len(w)), "wqes_traced": int(traced.sum()),
                        "wqes_recovered": int((w["recovered"] == 1).sum()) if len(w) else 0,
                        "wqes_lost": int((w["recovered"] == 0).sum()) if len(w) else 0,
-                       "doorbells_written": int(len(d)), "doorbells_recorded": int((d["recorded"] & ~d["coalesced"]).sum()),
+                       "doorbells_written": int(len(d)),
+                       "doorbells_simulated": int(getattr(self, "doorbells_simulated", len(d))), "doorbells_recorded": int((d["recorded"] & ~d["coalesced"]).sum()),
                        "doorbells_coalesced": int(d["coalesced"].sum()),
                        "pi16_wraps": int(((d["pi"] >> 16) > 0).any()) if len(d) else 0,
                        "sq_ring_wraps": int(max((q.sq.resv_head - self.start_index) // q.sq.depth for q in self.qps)) if self.qps else 0},

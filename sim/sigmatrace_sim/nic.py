@@ -9,27 +9,65 @@ slot 0.
 The NIC keeps the full producer index it was told.  A doorbell carries only 16
 bits: the NIC advances by (pi16 - last_pi16) mod 2^16, so a doorbell that covers
 several posts (a coalesced or batched one) makes it fetch every WQE up to that
-index.  It fetches WQEs by DMA from the ring *at fetch time* (so it executes the
-bytes the GPU really wrote), executes them in order on the QP, moves the bytes
-over the fabric, applies remote effects (atomics, inline writes) at the
-responder and writes a CQE with the owner bit for every signalled WQE.
+index.  It reads the WQEs from the ring (so it executes the bytes the GPU really
+wrote), executes them in order on the QP, moves the bytes over the fabric,
+applies remote effects (atomics, inline writes) at the responder and writes a
+CQE with the owner bit for every signalled WQE.
+
+Closed form instead of per-stage events.  Once a doorbell value reaches the NIC
+(`doorbell(qp, pi16, t_arrive)`) everything that follows is deterministic: the
+fetch is a DMA after the doorbell decode and behind the NIC's pipeline
+(busy-until `free_at`), execution is one slot per WQE on that pipeline, the fabric
+ports are busy-until timelines (fabric.py), the CQE lands `cqe_write_ns` after the
+ACK/response, in order per QP.  So the whole pipeline of every WQE the doorbell
+covers is computed in one call and nothing is scheduled for it, except what
+somebody waits on:
+  * CQEs go into the CQ's `pending` list with the time their DMA completes; a GPU
+    polling the CQ sees them in the ring (owner bit) from that time on
+    (CompletionQueue.land), and a GPU waiting on the CQ gets one wake-up event;
+  * remote effects (atomic results, inline flag writes) go onto the cluster's
+    effect timeline with their responder time; they are applied, in time order,
+    before anyone reads that memory (Cluster.drain), and a waiter on a word gets
+    one wake-up event at the effect time.
+Why this is exact: the NIC reads the ring when the doorbell is processed, before
+its modelled fetch time; the GPU cannot change those WQEBBs in between, because a
+slot is reused only after its WQE's CQE (consumer index) and these WQEs have not
+completed.  Port/pipeline slots are reserved in the order doorbells are
+processed, as before (the model always reserved future slots at doorbell time).
 """
 import struct
+from collections import deque
+
+from simpy.events import Event, NORMAL
 
 from . import wqe as W
 
 CQE_REQ = 0x0
-_CQE_TAIL = struct.Struct(">IHBB")  # sop_drop_qpn, wqe_counter, signature, op_own (bytes 56..63)
+CQE_RESP_WR_IMM = 0x1     # responder: RDMA write with immediate consumed a receive WQE
+_CQE_FIELDS = struct.Struct(">I8xIH")   # byte_cnt @44, sop_drop_qpn @56, wqe_counter @60
+_CQE = struct.Struct(">44xI8xIHBB")   # a whole 64-byte CQE: byte_cnt @44, sop_drop_qpn, wqe_counter, signature, op_own
+_CTRL2 = struct.Struct(">II")
 _RADDR = struct.Struct(">QI")
 _ATOM = struct.Struct(">QQ")
-_MFA = struct.Struct(">I")
+_U32 = struct.Struct(">I")
+_DSEG_BC = struct.Struct(">I")
 
 
-def at(env, t, fn, *args):
-    """Call fn(*args) at absolute simulated time t (one SimPy event)."""
-    ev = env.timeout(max(0.0, t - env.now))
-    ev.callbacks.append(lambda _e: fn(*args))
+def at(env, t, fn):
+    """Call fn(event) at absolute simulated time t: one SimPy event, nothing else."""
+    ev = Event(env)
+    ev._ok = True
+    ev._value = None
+    ev.callbacks.append(fn)
+    env.schedule(ev, NORMAL, t - env.now if t > env.now else 0.0)
     return ev
+
+
+def fire_at(env, ev, t):
+    """Trigger an untriggered event `ev` so that it is processed at time t."""
+    ev._ok = True
+    ev._value = None
+    env.schedule(ev, NORMAL, t - env.now if t > env.now else 0.0)
 
 
 class SendQueue:
@@ -46,8 +84,18 @@ class SendQueue:
         self.cons_idx = start_index    # GPU: WQEBBs known completed (from the CQ)
         self.dbr = bytearray(8)        # doorbell record: RQ counter @0, SQ counter @4 (BE32)
 
+    def write_op(self, index, op, qpn, rkey, lkey, fm):
+        """GPU stores of WQE `op` starting at WQEBB `index` (wraps to slot 0)."""
+        off = (index & self.mask) * W.WQEBB
+        nw = op[2]
+        if off + nw * W.WQEBB <= len(self.ring):
+            W.encode_into(self.ring, off, op, index, qpn, rkey, lkey, fm)
+        else:   # a multi-WQEBB WQE in the last slot continues at slot 0
+            tmp = bytearray(nw * W.WQEBB)
+            W.encode_into(tmp, 0, op, index, qpn, rkey, lkey, fm)
+            self.write(index, tmp)
+
     def write(self, index, data):
-        """GPU stores of a WQE starting at WQEBB `index` (wraps to slot 0)."""
         off = (index & self.mask) * W.WQEBB
         end = off + len(data)
         if end <= len(self.ring):
@@ -65,78 +113,122 @@ class SendQueue:
         return bytes(self.ring[off:]) + bytes(self.ring[: end - len(self.ring)])
 
     def update_dbr(self, pi):
-        struct.pack_into(">I", self.dbr, 4, pi & 0xFFFF)
+        _U32.pack_into(self.dbr, 4, pi & 0xFFFF)
 
     def in_flight(self):
         return self.resv_head - self.cons_idx
 
 
 class CompletionQueue:
-    """CQ ring of 64-byte CQEs with the owner bit; fresh entries are 0xff (INVALID)."""
+    """CQ ring of 64-byte CQEs with the owner bit; fresh entries are 0xff (INVALID).
 
-    def __init__(self, env, depth, cqn):
+    The NIC announces each CQE with the time its DMA completes (`add`); the entry
+    appears in the ring at that time (`land`, called by every poll), so the GPU's
+    owner-bit test sees exactly what it would see with one event per CQE."""
+
+    def __init__(self, env, depth, cqn, poll_ns=0.0):
         self.env = env
         self.depth = depth
         self.log_size = depth.bit_length() - 1
         self.cqn = cqn
+        self.poll_ns = poll_ns
         self.ring = bytearray(b"\xff" * (depth * 64))
-        self.pi = 0     # NIC producer
+        self.pi = 0     # NIC producer (CQEs written into the ring)
         self.ci = 0     # GPU consumer
-        self._event = env.event()
+        self.pending = deque()   # (t_dma_done, qpn, wqe_counter, opcode, byte_cnt), in time order
+        self._ev = None
 
-    def post(self, qpn, wqe_counter, opcode, byte_cnt=0):
-        slot = self.pi & (self.depth - 1)
-        owner = (self.pi >> self.log_size) & 1
-        off = slot * 64
-        self.ring[off:off + 64] = bytes(64)
-        struct.pack_into(">I", self.ring, off + 44, byte_cnt)
-        _CQE_TAIL.pack_into(self.ring, off + 56, (opcode << 24) | qpn, wqe_counter & 0xFFFF, 0,
-                            (CQE_REQ << 4) | owner)
-        self.pi += 1
-        self.notify()
+    def add(self, t, qpn, wqe_counter, opcode, byte_cnt, cqe_opcode=CQE_REQ):
+        if self.pending and t < self.pending[-1][0]:   # keep landing order (responder CQEs of several QPs)
+            k = len(self.pending)
+            while k and self.pending[k - 1][0] > t:
+                k -= 1
+            self.pending.insert(k, (t, qpn, wqe_counter, opcode, byte_cnt, cqe_opcode))
+        else:
+            self.pending.append((t, qpn, wqe_counter, opcode, byte_cnt, cqe_opcode))
+        ev = self._ev
+        if ev is not None and not ev.triggered:   # a GPU waits and no wake-up is scheduled yet
+            fire_at(self.env, ev, t + self.poll_ns)
 
-    def notify(self):
-        ev, self._event = self._event, self.env.event()
-        ev.succeed()
+    def land(self, now):
+        p = self.pending
+        while p and p[0][0] <= now:
+            _t, qpn, counter, opcode, nbytes, cqe_op = p.popleft()
+            slot = self.pi & (self.depth - 1)
+            owner = (self.pi >> self.log_size) & 1
+            _CQE.pack_into(self.ring, slot * 64, nbytes, (opcode << 24) | qpn, counter & 0xFFFF, 0,
+                           (cqe_op << 4) | owner)
+            self.pi += 1
 
-    def poll(self):
+    def poll(self, now=None):
         """GPU side: the next valid CQE's wqe_counter, or None (owner-bit test, ref §2.2)."""
+        if self.pending:
+            self.land(self.env.now if now is None else now)
         off = (self.ci & (self.depth - 1)) * 64
         op_own = self.ring[off + 63]
         if (op_own >> 4) == 0xF or (op_own & 1) != ((self.ci >> self.log_size) & 1):
             return None
         self.ci += 1
-        return struct.unpack_from(">H", self.ring, off + 60)[0]
+        return (self.ring[off + 60] << 8) | self.ring[off + 61]
+
+    def has_entry(self):
+        """Owner-bit test of the entry at the consumer index, without consuming it."""
+        off = (self.ci & (self.depth - 1)) * 64
+        op_own = self.ring[off + 63]
+        return (op_own >> 4) != 0xF and (op_own & 1) == ((self.ci >> self.log_size) & 1)
+
+    def poll_entry(self, now=None):
+        """CPU side (verbs): (cqe opcode, qpn, wqe_counter, byte_cnt) of the next valid CQE, or None."""
+        if self.pending:
+            self.land(self.env.now if now is None else now)
+        off = (self.ci & (self.depth - 1)) * 64
+        op_own = self.ring[off + 63]
+        if (op_own >> 4) == 0xF or (op_own & 1) != ((self.ci >> self.log_size) & 1):
+            return None
+        self.ci += 1
+        byte_cnt, sop_qpn, counter = _CQE_FIELDS.unpack_from(self.ring, off + 44)
+        return op_own >> 4, sop_qpn & 0xFFFFFF, counter, byte_cnt
 
     def wait(self):
-        return self._event
+        """An event processed one GPU poll round trip after the next CQE lands.
+
+        Shared by every block polling this CQ (they all re-poll then)."""
+        ev = self._ev
+        if ev is None or ev.callbacks is None:
+            ev = self._ev = Event(self.env)
+            if self.pending:
+                fire_at(self.env, ev, self.pending[0][0] + self.poll_ns)
+        return ev
 
 
 class QueuePair:
     """Requester side of an RC connection as the model needs it."""
 
-    def __init__(self, env, qpn, pe, nic, depth, cqn, start_index=0):
+    def __init__(self, env, qpn, pe, nic, depth, cqn, start_index=0, poll_ns=0.0):
         self.qpn = qpn
         self.pe = pe
         self.nic = nic
         self.sq = SendQueue(depth, start_index)
-        self.cq = CompletionQueue(env, depth, cqn)
+        self.cq = CompletionQueue(env, depth, cqn, poll_ns)
         self.peer = None          # remote QueuePair
         self.uar = None           # UarPage the GPU writes
-        self.outstanding = []     # GPU: [(full index, nwqebb, signalled)] in post order
-        self.truth_rows = {}      # full WQE index -> truth row (filled by the NIC)
+        self.outstanding = deque()  # GPU: (full index, nwqebb, signalled) in post order
+        self.truth_rows = {}      # full WQE index -> truth wqe_id (consumed by the NIC)
         self.results = {}         # full WQE index -> value fetched by an atomic
         self.last_cqe_t = 0.0
         self.gid = None           # global id in the cluster
+        self.raw_qpn = W.doorbell_raw(0, qpn)
+        self.recv_cq = None       # CQ of the receive queue (verbs QPs; default: the send CQ)
+        self.recv_head = 0        # receive WQEs consumed by the responder   # the doorbell's QPN bytes (bytes 4..6 of the LE view)
 
 
 class UarPage:
     """The 8-byte doorbell register as the GPU sees it.
 
-    Without the tracer (baseline) it is the NIC's BAR register: a store reaches
-    the NIC.  With the hijack installed it is a pinned host page: a store only
-    changes memory, and the poller thread must see it and forward it.
-    """
+    Without the tracer (baseline) it is the NIC's BAR register: the posted write
+    reaches the NIC `mmio_write_ns` after the store.  With the hijack installed it
+    is a pinned host page watched by a poller thread (host.HijackPoller), which
+    is told of the store and of the time it lands in the page."""
 
     def __init__(self, env, nic, page_id, reg_addr):
         self.env = env
@@ -144,25 +236,18 @@ class UarPage:
         self.page_id = page_id
         self.reg_addr = reg_addr
         self.hijacked = False
+        self.poller = None
         self.value = 0
-        self.seq = 0              # number of stores that reached the page
-        self.unseen = []          # truth ids of stores the poller has not observed yet
-        self._event = env.event()
+        self.seq = 0              # number of stores issued to the page
 
-    def store(self, raw, db_id):
-        if not self.hijacked:
-            self.nic.uar_store(raw, db_id)
-            return
-        self.value = raw
+    def store(self, raw, db_id, t_land):
         self.seq += 1
-        self.unseen.append(db_id)
-        if not self._event.triggered:
-            self._event.succeed()
-
-    def changed(self):
-        if self._event.triggered:
-            self._event = self.env.event()
-        return self._event
+        self.value = raw
+        if self.poller is not None:
+            self.poller.store(t_land, raw, db_id)
+        else:
+            # posted PCIe write: lands at the NIC in issue order, mmio_write_ns later
+            self.nic.uar_store(raw, t_land)
 
 
 class Nic:
@@ -181,10 +266,21 @@ class Nic:
         self.doorbells = 0
         self.stale_doorbells = 0
 
-    def uar_store(self, raw, db_id=None):
-        """An 8-byte doorbell write reaches the UAR register (from the GPU or the poller)."""
-        pi16, qpn = W.parse_doorbell_raw(raw)
-        qp = self.qps[qpn]
+    def uar_store(self, raw, t_arrive):
+        """An 8-byte doorbell value reaches the UAR register at t_arrive (from the GPU or the poller)."""
+        pi16 = (((raw >> 8) & 0xFF) << 8) | ((raw >> 16) & 0xFF)
+        qpn = (((raw >> 32) & 0xFF) << 16) | (((raw >> 40) & 0xFF) << 8) | ((raw >> 48) & 0xFF)
+        self.doorbell(self.qps[qpn], pi16, t_arrive)
+
+    def uar_store_ctrl(self, qp, raw, t_arrive):
+        """rdma-core convention (CPU verbs, mlx5_post_send): the 8 bytes are the first 8 bytes of
+        the last WQE's ctrl segment (its opcode/wqe_index/QPN/DS), and the producer counter is the
+        doorbell record's SQ word (DBR+4, BE32), which the library stores before the doorbell."""
+        qpn = (((raw >> 32) & 0xFF) << 16) | (((raw >> 40) & 0xFF) << 8) | ((raw >> 48) & 0xFF)
+        assert qpn == qp.qpn
+        self.doorbell(qp, _U32.unpack_from(qp.sq.dbr, 4)[0] & 0xFFFF, t_arrive)
+
+    def doorbell(self, qp, pi16, t_arrive):
         sq = qp.sq
         delta = (pi16 - sq.nic_pi) & 0xFFFF
         self.doorbells += 1
@@ -194,73 +290,91 @@ class Nic:
         start, new = sq.nic_pi, sq.nic_pi + delta
         sq.nic_pi = new
         t = self.t
-        now = self.env.now
-        t_fetch = max(now + t.nic_db_ns, self.free_at) + t.nic_fetch_ns + delta * t.nic_fetch_ns_per_wqebb
-        i = start
-        while i < new:
-            head = sq.read(i, 1)
-            ds = head[7] & 0x3F
-            nw = max(1, (ds + 3) // 4)
-            data = head if nw == 1 else sq.read(i, nw)
-            t_fetch = self._execute(qp, i, data, t_fetch)
-            i += nw
-
-    def _execute(self, qp, index, data, t_ready):
-        t = self.t
-        opcode, opmod, idx16, qpn, ds = W.peek(data)
-        signalled = data[11] & W.CQ_UPDATE
-        start = max(t_ready, self.free_at)
-        self.free_at = start + t.nic_exec_ns
+        free = self.free_at
+        t0 = t_arrive + t.nic_db_ns
+        t_fetch = (t0 if t0 > free else free) + t.nic_fetch_ns + delta * t.nic_fetch_ns_per_wqebb
+        # per-WQE execution in closed form (see the module docstring)
+        c = self.cluster
         fab = self.fabric
         peer = qp.peer
         src, dst = self.port, peer.nic.port
-        nbytes = W.payload_bytes(data)
-        raddr, rkey = _RADDR.unpack_from(data, 16) if opcode != W.SEND else (0, 0)
-        effect = None
-        if opcode in (W.RDMA_WRITE, W.RDMA_WRITE_IMM, W.SEND):
-            t_arr = fab.send(src, dst, nbytes, start)
-            t_remote = t_arr + t.nic_pcie_write_ns
-            t_done = fab.send(dst, src, 0, t_arr)           # ACK
-            if data[32] & 0x80 and opcode != W.SEND:         # inline payload: a flag / signal word
-                n = nbytes
-                val = int.from_bytes(data[36:36 + n], "little")
-                effect = ("set", raddr, val, 0)
-        elif opcode == W.RDMA_READ:
-            t_req = fab.send(src, dst, 16, start)
-            t_remote = t_req + t.nic_pcie_read_ns
-            t_done = fab.send(dst, src, nbytes, t_remote) + t.nic_pcie_write_ns
-        else:  # atomics
-            t_req = fab.send(src, dst, 28, start)
-            t_remote = t_req + t.nic_atomic_ns
-            t_done = fab.send(dst, src, nbytes, t_remote) + t.nic_pcie_write_ns
-            if opcode == W.ATOMIC_MASKED_FA:
-                effect = ("add", raddr, _MFA.unpack_from(data, 32)[0], 0)
-            elif opcode == W.ATOMIC_FA:
-                effect = ("add", raddr, _ATOM.unpack_from(data, 32)[0], 0)
-            elif opcode == W.ATOMIC_CS:
-                swap, cmp_ = _ATOM.unpack_from(data, 32)
-                effect = ("cas", raddr, swap, cmp_)
-            elif opcode == W.ATOMIC_MASKED_CS:
-                swap, cmp_ = _ATOM.unpack_from(data, 32)
-                swap_mask, cmp_mask = _ATOM.unpack_from(data, 48)
-                effect = ("set", raddr, swap, 0) if cmp_mask == 0 else ("cas", raddr, swap, cmp_)
-        t_cqe = max(t_done + t.cqe_write_ns, qp.last_cqe_t)
-        qp.last_cqe_t = t_cqe
-        row = qp.truth_rows.pop(index, None)
-        if row is not None:
-            row[0] = t_ready    # fetched
-            row[1] = start      # executed
-            row[2] = t_remote   # remote memory updated / read
-            row[3] = t_cqe      # completion written
-        if effect is not None:
-            at(self.env, t_remote, self._remote_effect, qp, index, peer.pe, effect)
-        if signalled:
-            at(self.env, t_cqe, qp.cq.post, qp.qpn, index, opcode, nbytes)
-        self.cluster.bytes_moved += nbytes
-        return t_ready
-
-    @staticmethod
-    def _remote_effect(qp, index, remote_pe, effect):
-        kind, addr, a, b = effect
-        old = remote_pe.mem.apply(kind, addr, a, b)
-        qp.results[index] = old
+        remote_mem = peer.pe.mem
+        ring, mask, ringlen = sq.ring, sq.mask, len(sq.ring)
+        truth_rows, times = qp.truth_rows, c.truth.wqe_times
+        exec_ns, cqe_ns = t.nic_exec_ns, t.cqe_write_ns
+        last_cqe = qp.last_cqe_t
+        moved = 0
+        i = start
+        while i < new:
+            off = (i & mask) << 6
+            a, b = _CTRL2.unpack_from(ring, off)
+            ds = b & 0x3F
+            nw = (ds + 3) >> 2 or 1
+            if off + (nw << 6) > ringlen:   # WQE wraps: read it contiguously
+                buf, o = sq.read(i, nw), 0
+            else:
+                buf, o = ring, off
+            opcode = a & 0xFF
+            fm = buf[o + 11]
+            s = t_fetch if t_fetch > self.free_at else self.free_at
+            self.free_at = s + exec_ns
+            effect = None
+            if opcode == W.RDMA_WRITE or opcode == W.RDMA_WRITE_IMM or opcode == W.SEND:
+                raddr, rkey = _RADDR.unpack_from(buf, o + 16) if opcode != W.SEND else (0, 0)
+                bc = _DSEG_BC.unpack_from(buf, o + 32)[0]
+                if bc & W.INLINE_SEG:      # inline payload: a flag / signal word
+                    nbytes = bc & 0x7FFFFFFF
+                    if opcode != W.SEND:
+                        effect = ("set", raddr, int.from_bytes(buf[o + 36:o + 36 + nbytes], "little"), 0)
+                else:
+                    nbytes = bc
+                    for k in range(3, ds):
+                        nbytes += _DSEG_BC.unpack_from(buf, o + 16 * k)[0]
+                t_arr = fab.send(src, dst, nbytes, s)
+                t_remote = t_arr + t.nic_pcie_write_ns
+                t_done = fab.send(dst, src, 0, t_arr)           # ACK
+            elif opcode == W.RDMA_READ:
+                raddr, rkey = _RADDR.unpack_from(buf, o + 16)
+                nbytes = 0
+                for k in range(2, ds):
+                    nbytes += _DSEG_BC.unpack_from(buf, o + 16 * k)[0]
+                t_req = fab.send(src, dst, 16, s)
+                t_remote = t_req + t.nic_pcie_read_ns
+                t_done = fab.send(dst, src, nbytes, t_remote) + t.nic_pcie_write_ns
+            else:  # atomics
+                raddr, rkey = _RADDR.unpack_from(buf, o + 16)
+                if opcode == W.ATOMIC_MASKED_FA:
+                    effect = ("add", raddr, _U32.unpack_from(buf, o + 32)[0], 0)
+                    nbytes = _DSEG_BC.unpack_from(buf, o + 48)[0]
+                elif opcode == W.ATOMIC_MASKED_CS:
+                    swap, cmp_ = _ATOM.unpack_from(buf, o + 32)
+                    cmp_mask = _ATOM.unpack_from(buf, o + 48)[1]
+                    effect = ("set", raddr, swap, 0) if cmp_mask == 0 else ("cas", raddr, swap, cmp_)
+                    nbytes = _DSEG_BC.unpack_from(buf, o + 64)[0]
+                else:
+                    swap, cmp_ = _ATOM.unpack_from(buf, o + 32)
+                    effect = ("add", raddr, swap, 0) if opcode == W.ATOMIC_FA else ("cas", raddr, swap, cmp_)
+                    nbytes = _DSEG_BC.unpack_from(buf, o + 48)[0]
+                t_req = fab.send(src, dst, 28, s)
+                t_remote = t_req + t.nic_atomic_ns
+                t_done = fab.send(dst, src, nbytes, t_remote) + t.nic_pcie_write_ns
+            t_cqe = t_done + cqe_ns
+            if t_cqe < last_cqe:
+                t_cqe = last_cqe
+            last_cqe = t_cqe
+            wid = truth_rows.pop(i, None)
+            if wid is not None:
+                times.append((wid, t_fetch, s, t_remote, t_cqe))
+            if effect is not None:
+                c.push_effect(t_remote, remote_mem, effect, qp, i)
+            if opcode == W.RDMA_WRITE_IMM or opcode == W.SEND:
+                # the responder consumes a receive WQE and writes a responder CQE on the peer's CQ
+                rcq = peer.recv_cq or peer.cq
+                rcq.add(t_remote + cqe_ns, peer.qpn, peer.recv_head, opcode, nbytes, CQE_RESP_WR_IMM)
+                peer.recv_head += 1
+            if fm & W.CQ_UPDATE:
+                qp.cq.add(t_cqe, qp.qpn, i, opcode, nbytes)
+            moved += nbytes
+            i += nw
+        qp.last_cqe_t = last_cqe
+        c.bytes_moved += moved
