@@ -44,7 +44,9 @@ def _env(mode, tmp, extra_ld):
     ncpu = os.cpu_count() or 1
     if ncpu >= 4:
         env.setdefault("SIGMATRACE_POLLER_SPIN_US", "-1")
-        env.setdefault("SIGMATRACE_POLLER_CPUS", str(ncpu - 1))
+        # one core per poller (the client rings two doorbell pages): two pollers
+        # spinning on one core take turns by scheduler time slice (milliseconds)
+        env.setdefault("SIGMATRACE_POLLER_CPUS", f"{ncpu - 2}-{ncpu - 1}")
     if mode != "baseline":
         env["LD_PRELOAD"] = str(base / "libsigmatrace.so")
         env["SIGMATRACE_HIJACK_MODE"] = mode

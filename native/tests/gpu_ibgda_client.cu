@@ -411,12 +411,15 @@ int main(int argc, char **argv)
 		for (int k = 0; k < 64 * 64; k++)
 			fails += a->buf[0x1000 + k] != b->buf[0x1000 + k];
 	else if (op == 2) {
-		uint64_t v;
-		memcpy(&v, b->buf + 0x1000, 8);
-		uint64_t init = 0;
-		for (int k = 0; k < 8; k++)
-			init |= (uint64_t)(uint8_t)(k * 13 + 5) << (8 * k);
-		fails += v != init + (uint64_t)total;
+		// op i adds 1 to the 8-byte word at 0x1000 + (i % 64) * 64
+		for (int s = 0; s < 64; s++) {
+			uint64_t v, init = 0;
+			memcpy(&v, b->buf + 0x1000 + s * 64, 8);
+			for (int k = 0; k < 8; k++)
+				init |= (uint64_t)(uint8_t)((s * 64 + k) * 13 + 5) << (8 * k);
+			uint64_t adds = (uint64_t)(total / 64 + (s < total % 64));
+			fails += v != init + adds;
+		}
 	} else {
 		uint64_t v;
 		memcpy(&v, a->buf + 0x200, 8);
