@@ -52,8 +52,12 @@ def _fmt_bytes(b):
 
 
 def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=False, clock_refine="auto",
-                 max_perfetto_events=500_000):
-    """Correlate ``capture`` and write the report into ``out``; returns (Correlated, summary, timings)."""
+                 max_perfetto_events=500_000, batch_records=None):
+    """Correlate ``capture`` and write the report into ``out``; returns (Correlated, summary, timings).
+
+    ``batch_records``: records decoded / written at a time (bounded memory; default
+    ``correlate.decode.DEFAULT_BATCH_RECORDS``).  The events table is streamed from the capture into
+    ``tables/events.parquet`` (one row group per batch) and never held whole in memory."""
     from ..correlate import correlate
     from ..correlate.core import Correlated  # noqa: F401
     from ..format.reader import capture_files
@@ -67,12 +71,14 @@ def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=
     timings = {}
     t = time.perf_counter()
     try:
-        corr = correlate(capture, workers=workers, clock_refine=clock_refine, progress=prog)
+        kw = {"batch_records": batch_records} if batch_records else {}
+        corr = correlate(capture, workers=workers, clock_refine=clock_refine, progress=prog, **kw)
     finally:
         prog.close()
     timings["correlate_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    write_tables(corr, out / "tables", progress=(lambda n: prog("tables", 1)) if not prog.quiet else None)
+    write_tables(corr, out / "tables", progress=(lambda n: prog("tables", 1)) if not prog.quiet else None,
+                 collect_host=max_perfetto_events if perfetto else None)
     prog.close()
     timings["tables_s"] = time.perf_counter() - t
     pstats = None
@@ -169,7 +175,8 @@ def run(args):
         corr, summary, timings = build_report(cap, out, workers=args.workers, perfetto=not args.no_perfetto,
                                               figures=not args.no_figures, quiet=args.quiet,
                                               clock_refine=args.clock_refine,
-                                              max_perfetto_events=args.max_perfetto_events)
+                                              max_perfetto_events=args.max_perfetto_events,
+                                              batch_records=args.batch_records)
     except TraceFormatError as e:
         raise SigmatraceError(str(e)) from None
     except (OSError, MemoryError) as e:
@@ -190,6 +197,8 @@ def register(subparsers):
     p.add_argument("--clock-refine", choices=("auto", "always", "never"), default="auto",
                    help="cross-node clock refinement from matched operations (F24b)")
     p.add_argument("--max-perfetto-events", type=int, default=500_000)
+    p.add_argument("--batch-records", type=int, default=None,
+                   help="records decoded and written at a time per worker (bounds memory; default 262144)")
     p.add_argument("--no-perfetto", action="store_true")
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--json", action="store_true", help="print a one-line JSON digest instead of the text summary")

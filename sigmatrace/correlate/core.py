@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -29,9 +30,10 @@ import numpy as np
 from ..errors import TraceFormatError
 from ..format import events as E
 from ..format import layout as L
-from ..format.reader import capture_files
+from ..format.reader import capture_files, chunk_spans
 from . import clock as C
-from .decode import decode_file
+from .decode import (DEFAULT_BATCH_RECORDS, decode_file, finish_warnings, iter_event_batches, merge_ranges,
+                     open_buffer)
 from .store import EventStore
 from .util import group_starts, lookup, pq_key, rank_in_group, unwrap16_near
 
@@ -73,13 +75,76 @@ class Correlated:
     files: list = field(default_factory=list)
     stats: dict = field(default_factory=dict)
     node_labels: list = field(default_factory=list)
+    batch_records: int = DEFAULT_BATCH_RECORDS
+    procs: list = field(default_factory=list)       # ProcDecode (metadata + chunk index) per process
+    proc_node: np.ndarray = None
+    _to_ns: object = None
+    _events_ext: dict = None
+    _host: object = None                            # (max_events, columns) collected while streaming
 
     def __getitem__(self, name):
         return self.tables[name]
 
+    @property
+    def events_loaded(self) -> bool:
+        ev = self.tables.get("events")
+        return not isinstance(ev, LazyTable) or ev.loaded
+
+    def iter_events(self, batch_records=None):
+        """Final event columns batch by batch (process order, file order inside a process); bounded memory.
+
+        Yields dicts: process, thread, tsc, ns, type, aux, obj, arg, x0..x3, node (numpy arrays)."""
+        br = batch_records or self.batch_records
+        for i, cols in iter_event_batches(self.procs, br):
+            n = len(cols["tsc"])
+            cols["process"] = np.full(n, i, np.int64)
+            cols["ns"] = self._to_ns(cols["process"], cols["tsc"])
+            cols["node"] = np.full(n, int(self.proc_node[i]), np.int64)
+            yield cols
+
+    def _load_events(self):
+        parts = list(self.iter_events())
+        keys = ("process", "thread", "tsc", "ns", "type", "aux", "obj", "arg", "x0", "x1", "x2", "x3")
+        dt = dict(process=np.int64, thread=np.int64, tsc=np.uint64, ns=np.int64, type=np.int64, aux=np.int64,
+                  obj=np.int64, arg=np.uint64, x0=np.uint64, x1=np.uint16, x2=np.uint32, x3=np.uint64)
+        cols = {k: (np.concatenate([p[k] for p in parts]).astype(dt[k], copy=False) if parts else np.zeros(0, dt[k]))
+                for k in keys}
+        self._events_ext = {k: cols.pop(k) for k in ("x0", "x1", "x2", "x3")}
+        return cols
+
     def arrow(self, name):
         import pyarrow as pa
         return pa.table({k: _to_arrow_col(v) for k, v in self.tables[name].items()})
+
+
+class LazyTable(Mapping):
+    """A table's columns computed on first access (the events table: streamed from the capture)."""
+
+    def __init__(self, loader, n_rows):
+        self._loader = loader
+        self._cols = None
+        self.n_rows = int(n_rows)
+
+    @property
+    def loaded(self):
+        return self._cols is not None
+
+    def _get(self):
+        if self._cols is None:
+            self._cols = self._loader()
+        return self._cols
+
+    def __getitem__(self, k):
+        return self._get()[k]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self):
+        return len(self._get())
+
+    def __setitem__(self, k, v):
+        self._get()[k] = v
 
 
 def _to_arrow_col(v):
@@ -110,37 +175,72 @@ def _norm_guid(g):
     return s.zfill(16) if s.strip("0") else None
 
 
-def _decode_all(paths, workers, progress):
+def _decode_task(task):
+    path, start, stop, batch_records = task
+    return decode_file(path, start, stop, batch_records)
+
+
+SPLIT_MIN_BYTES = 32 << 20   # files larger than this are split into ranges when workers would idle
+
+
+def _decode_all(paths, workers, progress, batch_records=DEFAULT_BATCH_RECORDS):
+    """Decode every file (ranges of large files in parallel); results in file order."""
     if workers is None:
         workers = os.cpu_count() or 1
-    workers = max(1, min(workers, len(paths)))
-    results = []
-    if workers == 1:
-        for p in paths:
-            results.append(decode_file(p))
-            if progress:
-                progress(1)
+    workers = max(1, int(workers))
+    tasks = []
+    for p in paths:
+        spans = [(0, None)]
+        if workers > 1 and len(paths) < workers:
+            try:
+                size = os.path.getsize(p)
+            except OSError:
+                size = 0
+            if size >= SPLIT_MIN_BYTES:
+                try:
+                    buf = open_buffer(str(p))
+                    spans = chunk_spans(p, max(1, -(-workers // len(paths))), data=buf)
+                    del buf
+                except (OSError, ValueError):
+                    spans = [(0, None)]
+        for a, b in spans:
+            tasks.append((str(p), a, b, batch_records))
+    nw = max(1, min(workers, len(tasks)))
+    parts = {}
+    if nw == 1:
+        it = map(_decode_task, tasks)
+        ex = None
     else:
-        with ProcessPoolExecutor(max_workers=workers) as ex:
-            for r in ex.map(decode_file, paths):
-                results.append(r)
-                if progress:
-                    progress(1)
-    return results
+        ex = ProcessPoolExecutor(max_workers=nw)
+        it = ex.map(_decode_task, tasks)
+    try:
+        for t, r in zip(tasks, it):
+            parts.setdefault(t[0], []).append(r)
+            if progress and len(parts[t[0]]) == sum(1 for x in tasks if x[0] == t[0]):
+                progress(1)
+    finally:
+        if ex is not None:
+            ex.shutdown()
+    return [finish_warnings(merge_ranges(parts[str(p)])) for p in paths]
 
 
-def correlate(capture, workers=None, clock_refine="auto", progress=None, refine_windows=16) -> Correlated:
+def correlate(capture, workers=None, clock_refine="auto", progress=None, refine_windows=16,
+              batch_records=DEFAULT_BATCH_RECORDS) -> Correlated:
     """Correlate a capture (file, directory of process files, or list of files).
 
     ``clock_refine``: "auto" (refine from matched operations when calibration
     pairs are missing, not PTP-disciplined, or disagree with them), "always",
     "never".  ``progress``: optional callable(stage_name, n) for progress bars.
+    ``batch_records``: records decoded at a time per worker (bounds memory); the
+    events table is not held in memory: ``Correlated.tables["events"]`` loads on
+    first access, ``export.write_tables`` streams it in row groups.
     """
     out = Correlated()
+    out.batch_records = int(batch_records)
     paths = capture_files(capture)
     out.files = [str(p) for p in paths]
     tick = (lambda n: progress("decode", n)) if progress else None
-    results = _decode_all(paths, workers, tick)
+    results = _decode_all(paths, workers, tick, batch_records)
     procs = []
     seen = {}
     for r in results:
@@ -154,6 +254,7 @@ def correlate(capture, workers=None, clock_refine="auto", progress=None, refine_
                 continue
             seen[p.uid] = p.path
             procs.append(p)
+    del results
     for path, off, nb, why in out.losses:
         out.warnings.append(f"{path}: lost {nb} bytes at offset {off}: {why}")
     if not procs:
@@ -921,10 +1022,21 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     # ---- events -------------------------------------------------------------------------------
     if progress:
         progress("events", 0)
-    ev_ns = to_ns(st.process, st.tsc)
-    T["events"] = dict(process=st.process.astype(np.int64), thread=st.thread.astype(np.int64), tsc=st.tsc, ns=ev_ns,
-                       type=st.type.astype(np.int64), aux=st.aux.astype(np.int64), obj=st.obj.astype(np.int64), arg=st.arg)
-    out._store = st  # for exporters (type names, EXT fields)
+    out.procs = procs
+    out.proc_node = proc_node
+    out._to_ns = to_ns
+    T["events"] = LazyTable(out._load_events, st.n)
+    # time range of all events: the TSC -> ns map is monotone per node, so the per-chunk TSC bounds suffice
+    lo, hi = [], []
+    for i, p in enumerate(procs):
+        ch = p.chunks
+        if ch is None or not len(ch):
+            continue
+        ends = np.array([ch["tsc_min"].min(), ch["tsc_max"].max()], np.uint64)
+        v = to_ns(np.full(2, i, np.int64), ends)
+        lo.append(int(v.min()))
+        hi.append(int(v.max()))
+    out.stats["time_range_ns"] = [min(lo), max(hi)] if lo else None
     # ---- clock table --------------------------------------------------------------------------
     T["clock"] = dict(
         node=np.array(sorted(clocks), np.int64), label=np.array([labels[n] for n in sorted(clocks)], dtype=object),
@@ -952,12 +1064,26 @@ def _order_key(ops, idx):
 
 
 def _intersect_rows(a, b):
-    """Rows (int64 pairs) present in both: (common, index in a, index in b); keys unique per side."""
+    """Rows (int64 pairs) present in both: (common, index in a, index in b); keys unique per side.
+
+    The pairs are packed into one int64 (dense id of the first column x (max second + 1) + second)
+    so that the intersection is a plain integer sort instead of a structured-row sort."""
     if len(a) == 0 or len(b) == 0:
         return None, np.zeros(0, np.int64), np.zeros(0, np.int64)
-    av = np.ascontiguousarray(a.astype(np.int64)).view([("x", np.int64), ("y", np.int64)]).ravel()
-    bv = np.ascontiguousarray(b.astype(np.int64)).view([("x", np.int64), ("y", np.int64)]).ravel()
-    common, ia, ib = np.intersect1d(av, bv, assume_unique=False, return_indices=True)
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    na = len(a)
+    first = np.concatenate([a[:, 0], b[:, 0]])
+    second = np.concatenate([a[:, 1], b[:, 1]])
+    lo2 = int(second.min())
+    span = int(second.max()) - lo2 + 1
+    u, inv = np.unique(first, return_inverse=True)
+    if len(u) * span >= (1 << 62):
+        av = np.ascontiguousarray(a).view([("x", np.int64), ("y", np.int64)]).ravel()
+        bv = np.ascontiguousarray(b).view([("x", np.int64), ("y", np.int64)]).ravel()
+        return np.intersect1d(av, bv, assume_unique=False, return_indices=True)
+    key = inv.ravel().astype(np.int64) * span + (second - lo2)
+    common, ia, ib = np.intersect1d(key[:na], key[na:], assume_unique=True, return_indices=True)
     return common, ia, ib
 
 

@@ -1,22 +1,30 @@
-"""Per-file decode: one capture file -> compact columnar output (runs in a worker).
+"""Per-file decode: one capture file (or one byte range of it) -> compact output (runs in a worker).
 
 Streams the file chunk by chunk with ``iter_chunks`` (errors="recover", so a
 cut or corrupt file yields what is sound plus a list of losses) and keeps,
-per process found in the file:
+per process found in the range:
 
 * the metadata (header JSON, threads, calibration rows, END footer,
   aggregates) and the side records the correlator interprets (JSON, PRM
   commands, recovered WQE bytes);
-* the event records as numpy columns with EXT continuations removed from the
-  primary stream and kept aside (``ext_pos`` = index of the primary record a
-  continuation belongs to, plus its four slots).
+* only the event records the correlator joins on (``CORRELATOR_TYPES``:
+  doorbells, WQE records, work requests, completions, QP set-up, ...) as one
+  compact structured array (``TYPED_DTYPE``: the record, its EXT slots, thread
+  and its index among the process's primary records);
+* an index of its EVENTS chunks (file offset, record count, thread) so that
+  the events table can be written later by streaming the file again
+  (``iter_event_batches``) with the final time base, and per-chunk TSC
+  bounds and counts.
 
-No per-event Python: each EVENTS chunk is one ``np.frombuffer`` and the
-final split into columns is a handful of vector operations.
+Events are processed in batches of whole chunks (``batch_records``), so the
+memory a worker needs is bounded by the batch, not by the file.  No
+per-event Python: each batch is a handful of vector operations.
 """
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import struct
 from dataclasses import dataclass, field
 
@@ -29,6 +37,28 @@ from ..format.reader import iter_chunks
 
 EXT = E.EXT
 _SIDE_HEAD = struct.Struct("<QIHH")
+DEFAULT_BATCH_RECORDS = 1 << 18
+
+# event types the correlator reads (core._build and derived.*); everything else only goes to the events table
+CORRELATOR_TYPES = ("DROPS", "DB_HIJACK_INSTALL", "IBV_CREATE_QP", "MLX5_DEVX_OBJ_CREATE", "IBV_MODIFY_QP",
+                    "MLX5_DEVX_OBJ_MODIFY", "DB_DOORBELL", "DB_WQE", "DB_WQE_LOST", "IBV_SEND_WR", "IBV_POST_SEND",
+                    "IBV_WR_COMPLETE", "IBV_WC")
+_TYPE_LUT = np.zeros(1 << 16, bool)
+for _n in CORRELATOR_TYPES:
+    _TYPE_LUT[E.value(_n)] = True
+
+# typed records: uint64 matrix rows [tsc, type|aux<<16|obj<<32, arg, x0, EXT|x1<<16|x2<<32 (0: no EXT), x3,
+# thread, seq (index among the process's primary records)]
+TYPED_COLS = 8
+EXT_WORD = np.uint64(EXT)
+
+
+def empty_typed():
+    return np.zeros((0, TYPED_COLS), np.uint64)
+
+
+CHUNK_INDEX_DTYPE = np.dtype([("offset", "<i8"), ("count", "<i8"), ("thread", "<u4"), ("events", "<i8"),
+                              ("tsc_min", "<u8"), ("tsc_max", "<u8")])
 
 
 @dataclass
@@ -45,28 +75,36 @@ class ProcDecode:
     side_prm: dict = field(default_factory=dict)   # side_id -> (in bytes, out bytes)
     side_wqe: dict = field(default_factory=dict)   # side_id -> (header tuple, bytes)
     side_bad: int = 0
-    # events (primary records only)
-    tsc: np.ndarray = None
-    type: np.ndarray = None
-    aux: np.ndarray = None
-    obj: np.ndarray = None
-    arg: np.ndarray = None
-    thread: np.ndarray = None
-    # EXT continuations: index into the primary arrays + the slots
-    ext_pos: np.ndarray = None
-    ext_x0: np.ndarray = None
-    ext_x1: np.ndarray = None
-    ext_x2: np.ndarray = None
-    ext_x3: np.ndarray = None
+    typed: np.ndarray = None                       # (n, TYPED_COLS) uint64, file order
+    chunks: np.ndarray = None                      # CHUNK_INDEX_DTYPE, file order
+    n_events: int = 0                              # primary records
+    n_records: int = 0                             # primary + EXT
+    header_dups: int = 0
+    # build-time scratch (not filled by workers)
+    _calib: list = field(default_factory=list)
+    _aggs: list = field(default_factory=list)
+    _typed: list = field(default_factory=list)
+    _chunks: list = field(default_factory=list)
 
-    @property
-    def n_events(self) -> int:
-        return 0 if self.tsc is None else len(self.tsc)
+    def finish(self):
+        self.calibration = np.concatenate(self._calib) if self._calib else np.zeros(0, L.CALIBRATION_DTYPE)
+        if self._aggs:
+            self.aggregates = np.concatenate([a for a, _ in self._aggs])
+            self.aggregate_thread = np.repeat(np.array([t for _, t in self._aggs], np.uint32),
+                                              np.array([len(a) for a, _ in self._aggs], np.int64))
+        else:
+            self.aggregates = np.zeros(0, L.AGGREGATE_DTYPE)
+            self.aggregate_thread = np.zeros(0, np.uint32)
+        self.typed = np.concatenate(self._typed) if self._typed else empty_typed()
+        self.chunks = np.concatenate(self._chunks) if self._chunks else np.zeros(0, CHUNK_INDEX_DTYPE)
+        self._calib, self._aggs, self._typed, self._chunks = [], [], [], []
+        return self
 
 
 @dataclass
 class FileDecode:
     path: str
+    start: int = 0
     processes: list = field(default_factory=list)
     losses: list = field(default_factory=list)     # (path, offset, nbytes, reason)
     warnings: list = field(default_factory=list)
@@ -108,27 +146,136 @@ def _sides(proc: ProcDecode, payload, count):
             proc.side_bad += 1
 
 
-def decode_file(path) -> FileDecode:
-    """Decode one file; never raises for bad content (errors land in the result)."""
+def open_buffer(path):
+    """Read-only mmap of a file (b"" when empty); pages can be dropped behind the reader."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return b""
+    with open(path, "rb") as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def drop_pages(buf, upto):
+    """Release the mapped pages below ``upto`` (the page cache keeps them; RSS does not)."""
+    if isinstance(buf, mmap.mmap) and upto > 0 and hasattr(mmap, "MADV_DONTNEED"):
+        upto -= upto % mmap.PAGESIZE
+        if upto > 0:
+            try:
+                buf.madvise(mmap.MADV_DONTNEED, 0, upto)
+            except (OSError, ValueError):
+                pass
+
+
+class _Batch:
+    """EVENTS chunks waiting to be split (whole chunks only: a chunk never starts with EXT)."""
+
+    def __init__(self, cap=0):
+        self.arrays, self.procs, self.counts, self.threads, self.offsets = [], [], [], [], []
+        self.n = 0
+        self._buf = None
+        self._cap = int(cap)
+
+    def add(self, arr, proc_i, thread, offset):
+        self.arrays.append(arr)
+        self.procs.append(proc_i)
+        self.counts.append(len(arr))
+        self.threads.append(thread)
+        self.offsets.append(offset)
+        self.n += len(arr)
+
+    def flush(self, plist):
+        if not self.arrays:
+            return
+        n = self.n
+        if self._buf is None or len(self._buf) < n:
+            self._buf = np.empty((max(n, self._cap), 3), np.uint64)
+        if len(self.arrays) > 1:
+            w = np.concatenate([a.view(np.uint64).reshape(-1, 3) for a in self.arrays], out=self._buf[:n])
+        else:
+            w = self.arrays[0].view(np.uint64).reshape(-1, 3)
+        counts = np.array(self.counts, np.int64)
+        starts = np.zeros(len(counts), np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        w1 = w[:, 1]
+        types = (w1 & np.uint64(0xFFFF)).astype(np.uint16)
+        is_ext = types == EXT
+        tsc = w[:, 0]
+        ext_cum = np.cumsum(is_ext, dtype=np.int64)
+        ends = starts + counts
+        ext_before = np.where(starts > 0, ext_cum[np.maximum(starts - 1, 0)], 0)
+        ext_per_chunk = ext_cum[ends - 1] - ext_before
+        prim_per_chunk = counts - ext_per_chunk
+        if ext_cum[-1]:
+            tmin = np.minimum.reduceat(np.where(is_ext, np.uint64(0xFFFFFFFFFFFFFFFF), tsc), starts)
+            tmax = np.maximum.reduceat(np.where(is_ext, np.uint64(0), tsc), starts)
+        else:
+            tmin = np.minimum.reduceat(tsc, starts)
+            tmax = np.maximum.reduceat(tsc, starts)
+        # per-chunk primary base index inside each process (Python over chunks, not events)
+        base = np.zeros(len(counts), np.int64)
+        ci = np.zeros(len(counts), CHUNK_INDEX_DTYPE)
+        ci["offset"], ci["count"], ci["thread"] = self.offsets, counts, self.threads
+        ci["events"], ci["tsc_min"], ci["tsc_max"] = prim_per_chunk, tmin, tmax
+        procs = np.asarray(self.procs, np.int64)
+        for pi in np.unique(procs).tolist():
+            m = np.flatnonzero(procs == pi)
+            p = plist[pi]
+            pc = prim_per_chunk[m]
+            base[m] = p.n_events + np.cumsum(pc) - pc
+            p.n_events += int(pc.sum())
+            p.n_records += int(counts[m].sum())
+            p._chunks.append(ci[m])
+        sel = np.flatnonzero(_TYPE_LUT[types])
+        if len(sel):
+            c = np.searchsorted(starts, sel, side="right") - 1
+            rec = np.empty((len(sel), TYPED_COLS), np.uint64)
+            rec[:, 0:3] = w.take(sel, axis=0)
+            nxt = np.minimum(sel + 1, n - 1)
+            has = (sel + 1 < n) & is_ext[nxt]
+            rec[:, 3:6] = w.take(nxt, axis=0)
+            rec[~has, 3:6] = 0
+            rec[:, 6] = np.asarray(self.threads, np.uint64)[c]
+            rec[:, 7] = base[c] + (sel - starts[c]) - (ext_cum[sel] - ext_before[c])
+            cp = procs[c]
+            if (cp == cp[0]).all():
+                plist[int(cp[0])]._typed.append(rec)
+            else:
+                o = np.argsort(cp, kind="stable")
+                cps = cp[o]
+                cuts = np.flatnonzero(np.diff(cps)) + 1
+                for part in np.split(o, cuts):
+                    plist[int(cp[part[0]])]._typed.append(rec[part])
+        self.arrays, self.procs, self.counts, self.threads, self.offsets = [], [], [], [], []
+        self.n = 0
+
+
+def decode_file(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:
+    """Decode one file (or the chunks that start in [start, stop)); never raises for bad content."""
     path = str(path)
-    out = FileDecode(path)
-    procs: dict[int, ProcDecode] = {}
-    parts: dict[int, list] = {}
-    tparts: dict[int, list] = {}
-    calib: dict[int, list] = {}
-    aggs: dict[int, list] = {}
+    out = FileDecode(path, start=int(start))
+    procs: dict[int, int] = {}
+    plist: list[ProcDecode] = []
     losses = []
+    batch_records = max(1, int(batch_records))
+    batch = _Batch(batch_records + 2730)
+    buf = None
     try:
-        for ch in iter_chunks(path, errors="recover", losses=losses):
-            proc = procs.get(ch.process_uid)
-            if proc is None:
-                proc = procs[ch.process_uid] = ProcDecode(ch.process_uid, path)
+        buf = open_buffer(path)
+        for ch in iter_chunks(path, errors="recover", losses=losses, data=buf, start=start, stop=stop):
+            pi = procs.get(ch.process_uid)
+            if pi is None:
+                pi = procs[ch.process_uid] = len(plist)
+                plist.append(ProcDecode(ch.process_uid, path))
+            proc = plist[pi]
             k = ch.kind
             if k == L.CHUNK_EVENTS:
-                arr = np.frombuffer(ch.payload, L.EVENT_DTYPE, ch.count)
-                parts.setdefault(ch.process_uid, []).append(arr.copy())
-                tparts.setdefault(ch.process_uid, []).append((ch.thread_index, ch.count))
+                if not ch.count:
+                    continue
+                batch.add(np.frombuffer(ch.payload, L.EVENT_DTYPE, ch.count), pi, ch.thread_index, ch.offset)
                 out.records += ch.count
+                if batch.n >= batch_records:
+                    batch.flush(plist)
+                    drop_pages(buf, ch.offset)
             elif k == L.CHUNK_PROCESS:
                 h = _json(ch.payload, path, ch.offset, out.warnings)
                 if h is not None:
@@ -144,74 +291,136 @@ def decode_file(path) -> FileDecode:
             elif k == L.CHUNK_SIDE:
                 _sides(proc, ch.payload, ch.count)
             elif k == L.CHUNK_CALIBRATION:
-                calib.setdefault(ch.process_uid, []).append(np.frombuffer(ch.payload, L.CALIBRATION_DTYPE, ch.count))
+                proc._calib.append(np.frombuffer(ch.payload, L.CALIBRATION_DTYPE, ch.count).copy())
             elif k == L.CHUNK_AGGREGATE:
-                aggs.setdefault(ch.process_uid, []).append(
-                    (np.frombuffer(ch.payload, L.AGGREGATE_DTYPE, ch.count).copy(), ch.thread_index))
+                proc._aggs.append((np.frombuffer(ch.payload, L.AGGREGATE_DTYPE, ch.count).copy(), ch.thread_index))
             elif k == L.CHUNK_THREAD:
                 t = _json(ch.payload, path, ch.offset, out.warnings)
                 if t is not None:
                     proc.threads[ch.thread_index] = t
             elif k == L.CHUNK_END:
                 proc.end = _json(ch.payload, path, ch.offset, out.warnings)
+        batch.flush(plist)
     except TraceFormatError as e:  # unreadable file
         out.error = str(e)
     except OSError as e:
         out.error = f"{path}: {e}"
+    batch = None
     out.losses = [(l.path, l.offset, l.nbytes, l.reason) for l in losses]
-    for uid, proc in procs.items():
-        cal = calib.get(uid)
-        proc.calibration = np.concatenate(cal) if cal else np.zeros(0, L.CALIBRATION_DTYPE)
-        ap = aggs.get(uid)
-        if ap:
-            proc.aggregates = np.concatenate([a for a, _ in ap])
-            proc.aggregate_thread = np.repeat(np.array([t for _, t in ap], np.uint32),
-                                              np.array([len(a) for a, _ in ap], np.int64))
-        else:
-            proc.aggregates = np.zeros(0, L.AGGREGATE_DTYPE)
-            proc.aggregate_thread = np.zeros(0, np.uint32)
-        _split_events(proc, parts.get(uid, []), tparts.get(uid, []))
-        if proc.header is None:
-            out.warnings.append(f"{path}: process uid {uid:#x} has no PROCESS header (file cut or damaged); "
-                                f"its events are kept with unknown host/rank")
-        out.processes.append(proc)
+    out.processes = [p.finish() for p in plist]
     return out
 
 
-def _split_events(proc: ProcDecode, parts, tparts):
-    if parts:
-        ev = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        thr = np.repeat(np.array([t for t, _ in tparts], np.uint32), np.array([c for _, c in tparts], np.int64))
+def merge_ranges(results):
+    """Results of several byte ranges of one file (in file order) -> one FileDecode."""
+    if len(results) == 1:
+        return results[0]
+    head = FileDecode(results[0].path, 0)
+    by_uid = {}
+    for r in results:
+        head.losses.extend(r.losses)
+        head.warnings.extend(r.warnings)
+        head.records += r.records
+        if r.error and head.error is None:
+            head.error = r.error
+        for p in r.processes:
+            q = by_uid.get(p.uid)
+            if q is None:
+                by_uid[p.uid] = p
+                head.processes.append(p)
+                continue
+            if p.header is not None:
+                if q.header is None:
+                    q.header = p.header
+                else:
+                    head.warnings.append(f"{q.path}: process uid {p.uid:#x} has two PROCESS headers; "
+                                         f"the first is kept")
+            q.threads.update(p.threads)
+            if p.end is not None:
+                q.end = p.end
+            q.side_json.update(p.side_json)
+            q.side_prm.update(p.side_prm)
+            q.side_wqe.update(p.side_wqe)
+            q.side_bad += p.side_bad
+            q.calibration = np.concatenate([q.calibration, p.calibration])
+            q.aggregates = np.concatenate([q.aggregates, p.aggregates])
+            q.aggregate_thread = np.concatenate([q.aggregate_thread, p.aggregate_thread])
+            t = p.typed.copy()
+            t[:, 7] += np.uint64(q.n_events)
+            q.typed = np.concatenate([q.typed, t])
+            q.chunks = np.concatenate([q.chunks, p.chunks])
+            q.n_events += p.n_events
+            q.n_records += p.n_records
+    return head
+
+
+def finish_warnings(fd: FileDecode):
+    for p in fd.processes:
+        if p.header is None:
+            fd.warnings.append(f"{fd.path}: process uid {p.uid:#x} has no PROCESS header (file cut or damaged); "
+                               f"its events are kept with unknown host/rank")
+    return fd
+
+
+# ---------------------------------------------------------------------------------------------
+def iter_event_batches(procs, batch_records=DEFAULT_BATCH_RECORDS):
+    """Stream the primary records of every process again, process by process (global order).
+
+    Yields (process index, dict of numpy columns: thread, tsc, type, aux, obj, arg, x0..x3) per
+    batch of whole chunks; the file is memory-mapped and its pages are dropped behind the reader.
+    """
+    bufs = {}
+    batch_records = max(1, int(batch_records))
+    try:
+        for i, p in enumerate(procs):
+            ch = p.chunks
+            if ch is None or not len(ch):
+                continue
+            buf = bufs.get(p.path)
+            if buf is None:
+                for b in bufs.values():
+                    drop_pages(b, len(b))
+                bufs = {p.path: open_buffer(p.path)}
+                buf = bufs[p.path]
+            counts = ch["count"]
+            cum = np.cumsum(counts)
+            j = 0
+            while j < len(ch):
+                k = int(np.searchsorted(cum, cum[j] - counts[j] + batch_records, side="right"))
+                k = min(max(k, j + 1), len(ch))
+                sl = ch[j:k]
+                arrs = [np.frombuffer(buf, L.EVENT_DTYPE, int(c), int(o) + L.CHUNK_HEADER_SIZE)
+                        for o, c in zip(sl["offset"].tolist(), sl["count"].tolist())]
+                ev = np.concatenate(arrs) if len(arrs) > 1 else arrs[0].copy()
+                del arrs
+                thr = np.repeat(sl["thread"], sl["count"])
+                yield i, split_ext(ev, thr)
+                drop_pages(buf, int(sl["offset"][0]))
+                j = k
+    finally:
+        for b in bufs.values():
+            drop_pages(b, len(b))
+
+
+def split_ext(ev, thr):
+    """Records (whole chunks) -> primary columns with their first EXT's slots (0 when absent)."""
+    w = ev.view(np.uint64).reshape(-1, 3)
+    n = len(w)
+    types = (w[:, 1] & np.uint64(0xFFFF)).astype(np.uint16)
+    is_ext = types == EXT
+    if not is_ext.any():
+        P, X, tp = w, np.zeros((n, 3), np.uint64), types
     else:
-        ev = np.zeros(0, L.EVENT_DTYPE)
-        thr = np.zeros(0, np.uint32)
-    is_ext = ev["type"] == EXT
-    if is_ext.any():
-        prim = ~is_ext
-        # index (in the primary stream) of the record each EXT continues
-        prim_rank = np.cumsum(prim) - 1
-        ext_idx = np.flatnonzero(is_ext)
-        owner = prim_rank[ext_idx]
-        # only the first EXT after a primary record carries x0..x3
-        first = np.ones(len(ext_idx), bool)
-        first[1:] = owner[1:] != owner[:-1]
-        ext_idx, owner = ext_idx[first], owner[first]
-        ok = owner >= 0
-        ext_idx, owner = ext_idx[ok], owner[ok]
-        e = ev[ext_idx]
-        proc.ext_pos = owner.astype(np.int64)
-        proc.ext_x0, proc.ext_x1, proc.ext_x2, proc.ext_x3 = e["tsc"], e["aux"], e["obj"], e["arg"]
-        ev = ev[prim]
+        prim = np.flatnonzero(~is_ext)
+        nxt = np.minimum(prim + 1, n - 1)
+        has = (prim + 1 < n) & is_ext[nxt]
+        P = w.take(prim, axis=0)
+        X = w.take(nxt, axis=0)
+        X[~has] = 0
         thr = thr[prim]
-    else:
-        proc.ext_pos = np.zeros(0, np.int64)
-        proc.ext_x0 = np.zeros(0, np.uint64)
-        proc.ext_x1 = np.zeros(0, np.uint16)
-        proc.ext_x2 = np.zeros(0, np.uint32)
-        proc.ext_x3 = np.zeros(0, np.uint64)
-    proc.tsc = np.ascontiguousarray(ev["tsc"])
-    proc.type = np.ascontiguousarray(ev["type"])
-    proc.aux = np.ascontiguousarray(ev["aux"])
-    proc.obj = np.ascontiguousarray(ev["obj"])
-    proc.arg = np.ascontiguousarray(ev["arg"])
-    proc.thread = thr
+        tp = types[prim]
+    w1, x1 = P[:, 1], X[:, 1]
+    return dict(thread=thr, tsc=P[:, 0], type=tp, aux=((w1 >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.uint16),
+                obj=(w1 >> np.uint64(32)).astype(np.uint32), arg=P[:, 2], x0=X[:, 0],
+                x1=((x1 >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.uint16),
+                x2=(x1 >> np.uint64(32)).astype(np.uint32), x3=X[:, 2])

@@ -26,6 +26,86 @@ HOST_LAYERS = (0x01, 0x02, 0x03, 0x05, 0x06)
 _SEQ = 7
 
 
+_HOST_KEYS = ("process", "thread", "ns", "type", "aux", "obj", "arg")
+_HOST_LUT = np.zeros(1 << 16, bool)
+for _t in range(1 << 16):
+    _HOST_LUT[_t] = (_t >> 8) in HOST_LAYERS
+
+
+class HostCollector:
+    """Host-layer events the Perfetto export draws, collected from a stream of per-process batches.
+
+    The export draws the first ``max_events`` host events in (process, thread, ns) order (and needs
+    the next event of the same thread for a slice's duration), so per process at most the remaining
+    budget + 1 events are kept (compacted by a stable sort as batches arrive): bounded memory.
+    """
+
+    def __init__(self, max_events):
+        self.budget = int(max_events)
+        self.total = 0
+        self.cur = None
+        self.buf = []
+        self.nbuf = 0
+        self.done = []
+
+    def add(self, cols):
+        m = _HOST_LUT[cols["type"]]
+        k = int(np.count_nonzero(m))
+        if not len(cols["tsc"]):
+            return
+        i = int(cols["process"][0])
+        if i != self.cur:
+            self._close()
+            self.cur = i
+        self.total += k
+        if not k or self.budget <= 0:
+            return
+        self.buf.append({c: np.asarray(cols[c])[m].astype(np.int64 if c != "arg" else np.uint64) for c in _HOST_KEYS})
+        self.nbuf += k
+        if self.nbuf > 2 * (self.budget + 1) + (1 << 16):
+            self._compact()
+
+    def _compact(self):
+        if not self.buf:
+            return
+        b = {c: np.concatenate([x[c] for x in self.buf]) for c in _HOST_KEYS}
+        o = np.lexsort((b["ns"], b["thread"]))[: self.budget + 1]
+        b = {c: v[o] for c, v in b.items()}
+        self.buf, self.nbuf = [b], len(o)
+
+    def _close(self):
+        if self.buf:
+            self._compact()
+            b = self.buf[0]
+            self.done.append(b)
+            self.budget -= min(self.budget, len(b["ns"]) - (1 if len(b["ns"]) > self.budget else 0))
+        self.buf, self.nbuf = [], 0
+
+    def result(self):
+        self._close()
+        if self.done:
+            cols = {c: np.concatenate([d[c] for d in self.done]) for c in _HOST_KEYS}
+        else:
+            cols = {c: np.zeros(0, np.int64) for c in _HOST_KEYS}
+        return cols, self.total
+
+
+def host_events(corr, max_events):
+    """(columns, total count) of the host-layer events the export may draw."""
+    T = corr.tables
+    if getattr(corr, "events_loaded", True):
+        ev = T["events"]
+        m = _HOST_LUT[np.asarray(ev["type"]).astype(np.int64) & 0xFFFF]
+        return {c: np.asarray(ev[c])[m] for c in _HOST_KEYS}, int(m.sum())
+    got = getattr(corr, "_host", None)
+    if got is not None and got[0] == max_events:
+        return got[1]
+    hc = HostCollector(max_events)
+    for cols in corr.iter_events():
+        hc.add(cols)
+    return hc.result()
+
+
 def _bw_series(ns, nbytes, bin_ns, t0, nbins):
     b = np.clip(((ns - t0) // bin_ns).astype(np.int64), 0, nbins - 1)
     s = np.bincount(b, weights=nbytes.astype(np.float64), minlength=nbins)
@@ -145,18 +225,16 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
         return k
 
     # host calls: slices on thread tracks
-    ev_t = T["events"]
-    layer = ev_t["type"] >> 8
-    hs = np.flatnonzero(np.isin(layer, HOST_LAYERS))
-    if len(hs):
-        o = np.lexsort((ev_t["ns"][hs], ev_t["thread"][hs], ev_t["process"][hs]))
-        hs = hs[o]
-        key = ev_t["process"][hs] * (1 << 20) + ev_t["thread"][hs]
-        nxt = np.append(ev_t["ns"][hs][1:], 0)
+    ev_t, n_host = host_events(corr, max_events)
+    if len(ev_t["ns"]):
+        o = np.lexsort((ev_t["ns"], ev_t["thread"], ev_t["process"]))
+        ev_t = {k: v[o] for k, v in ev_t.items()}
+        key = ev_t["process"] * (1 << 20) + ev_t["thread"]
+        nxt = np.append(ev_t["ns"][1:], 0)
         same = np.append(key[1:] == key[:-1], False)
-        dur = np.where(same, np.minimum(nxt - ev_t["ns"][hs], 1000), 1000)
+        dur = np.where(same, np.minimum(nxt - ev_t["ns"], 1000), 1000)
         dur = np.maximum(dur, 1)
-        hs = hs[:take(len(hs))]
+        hs = np.arange(min(take(n_host), len(ev_t["ns"])))
         names = np.array([E.name_of(t) for t in range(0x700)], dtype=object)
         for j, i in enumerate(hs):
             u = thread_uuid.get((int(ev_t["process"][i]), int(ev_t["thread"][i])))

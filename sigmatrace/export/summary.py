@@ -37,17 +37,17 @@ def build_summary(corr, con=None, perfetto_stats=None):
     con = con or connect(corr)
     T = corr.tables
     ops = T["ops"]
-    ev = T["events"]
-    t = ev["ns"]
+    n_events = int(corr.stats.get("events", 0))
+    tr = corr.stats.get("time_range_ns")
     P = T["processes"]
     s = {
         "files": corr.files,
         "processes": int(len(P["process"])),
         "nodes": list(T["nodes"]["label"]),
         "ranks": sorted(int(r) for r in set(P["rank"].tolist()) if r >= 0),
-        "events": int(len(t)),
-        "time_range_ns": [int(t.min()), int(t.max())] if len(t) else None,
-        "duration_s": float((t.max() - t.min()) / 1e9) if len(t) else 0.0,
+        "events": n_events,
+        "time_range_ns": [int(tr[0]), int(tr[1])] if n_events and tr else None,
+        "duration_s": float((tr[1] - tr[0]) / 1e9) if n_events and tr else 0.0,
         "operations": int(len(ops["op_id"])),
         "operations_matched": int(ops["matched"].sum()) if len(ops["op_id"]) else 0,
         "bytes_total": int(ops["bytes"].sum()) if len(ops["op_id"]) else 0,
@@ -71,7 +71,7 @@ def build_summary(corr, con=None, perfetto_stats=None):
     s["barriers"] = {
         "count": int(len(B["barrier"])),
         "worst": _rows(con, "SELECT barrier, instance, spread_ns, straggler_label, straggler_rank, arrival_order "
-                            "FROM barriers ORDER BY spread_ns DESC LIMIT 10"),
+                            "FROM barriers ORDER BY spread_ns DESC, barrier LIMIT 10"),
         "stragglers": _rows(con, run_named_sql("stragglers")),
     }
     L = T["losses"]

@@ -170,13 +170,16 @@ def _check_payload(kind, plen, count, payload, path, off):
     return None
 
 
-def iter_chunks(path, errors="raise", losses=None, data=None):
+def iter_chunks(path, errors="raise", losses=None, data=None, start=0, stop=None):
     """Yield the valid chunks of one file, in file order.
 
     errors="raise": corruption raises TraceFormatError(path, offset).
     errors="recover": corrupt spans are skipped to the next valid chunk and
     appended to ``losses`` (a list) as Loss records.  A truncated tail is
     always a Loss, never an error.
+    ``start``/``stop``: read only the chunks that start in [start, stop)
+    (``start`` must be a chunk boundary, e.g. from ``chunk_spans``); a
+    corrupt span that would run past ``stop`` is reported up to ``stop``.
     """
     if errors not in ("raise", "recover"):
         raise ValueError("errors must be 'raise' or 'recover'")
@@ -187,8 +190,9 @@ def iter_chunks(path, errors="raise", losses=None, data=None):
     if buf is None:
         buf = _map(path)
     n = len(buf)
-    off = 0
-    while off < n:
+    off = int(start)
+    lim = n if stop is None else min(n, int(stop))
+    while off < lim:
         reason = None
         if n - off < L.CHUNK_HEADER_SIZE:
             losses.append(Loss(path, off, n - off, "truncated chunk header"))
@@ -219,11 +223,42 @@ def iter_chunks(path, errors="raise", losses=None, data=None):
                 raise _corrupt(path, off, reason)
             nxt = _next_valid_chunk(buf, off + 1)
             skip_to = n if nxt < 0 else nxt
+            if stop is not None and skip_to > lim:
+                skip_to = lim
             losses.append(Loss(path, off, skip_to - off, reason))
             off = skip_to
             continue
         yield Chunk(path, off, kind, uid, thread, count, payload)
         off = end
+
+
+def chunk_spans(path, parts, data=None):
+    """Split one file into at most ``parts`` byte ranges [start, stop) that begin on chunk boundaries.
+
+    Walks the chunk headers only (no CRC); where a header looks wrong the walk
+    stops and the rest of the file is the last range (``iter_chunks`` with
+    errors="recover" then deals with it).  Ranges cover the file exactly.
+    """
+    buf = data if data is not None else _map(str(path))
+    n = len(buf)
+    parts = max(1, int(parts))
+    if parts == 1 or n == 0:
+        return [(0, n)]
+    target = n / parts
+    cuts = [0]
+    off = 0
+    while off + L.CHUNK_HEADER_SIZE <= n and len(cuts) < parts:
+        magic, version, kind, uid, thread, plen, count, crc = _HEADER.unpack_from(buf, off)
+        if magic != L.MAGIC or version != L.VERSION or plen > L.MAX_PAYLOAD or plen % 8:
+            break
+        nxt = off + L.CHUNK_HEADER_SIZE + plen
+        if nxt >= n:
+            break
+        if nxt >= target * len(cuts):
+            cuts.append(nxt)
+        off = nxt
+    cuts.append(n)
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
 def _map(path):

@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 SQL_DIR = Path(__file__).parent / "sql"
+EVENTS_IN_MEMORY = 20_000_000   # connect(Correlated) loads the events table up to this many rows
 
 
 def named_queries() -> dict:
@@ -63,6 +64,8 @@ def connect(source, con=None):
     if isinstance(source, Correlated):
         from ..export.tables import arrow_table
         for name in source.tables:
+            if name == "events" and not source.events_loaded and source.tables[name].n_rows > EVENTS_IN_MEMORY:
+                continue   # too large to load: query the written report (tables/events.parquet) instead
             t = arrow_table(source, name)
             con.register(f"_t_{name}", t)
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM _t_{name}')

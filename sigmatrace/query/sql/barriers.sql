@@ -2,4 +2,4 @@
 -- first/last arrival, spread and the straggler, worst first.
 SELECT barrier, series, instance, participants, first_ns, last_ns, spread_ns,
        straggler_label, straggler_rank, straggler_gpu, arrival_order
-FROM barriers ORDER BY spread_ns DESC;
+FROM barriers ORDER BY spread_ns DESC, barrier;
