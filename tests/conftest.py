@@ -5,6 +5,8 @@ one get `sim`; a test with more than one is an error.  CI runs `-m sim`.
 """
 import pytest
 
+from native_util import cleanup_fabric, new_fabric
+
 HARDWARE_MARKERS = ("sim", "gpu", "hw")
 
 
@@ -15,3 +17,11 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid} carries several of {HARDWARE_MARKERS}: {own}")
         if not own:
             item.add_marker(pytest.mark.sim)
+
+
+@pytest.fixture
+def fabric():
+    """A fresh emulated fabric (tests/native_util.py); its shared memory is removed afterwards."""
+    name = new_fabric()
+    yield name
+    cleanup_fabric(name)

@@ -5,38 +5,23 @@ Build first:  cmake -S native -B build/dev && cmake --build build/dev -j1
 Every test uses its own fabric name (SIGMATRACE_EMU_FABRIC) and ephemeral TCP
 ports, so the file can run repeatedly and in parallel with itself.
 """
-import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
+from native_util import (MLX5, VERBS, emu_env, finish, free_port, needs_bin, needs_emu, popen, reaped,
+                         wait_listen)
 from sigmatrace import _native
 
 pytestmark = pytest.mark.sim
 
-VERBS = _native.find("libibverbs.so.1")
-MLX5 = _native.find("libmlx5.so.1")
-EMU_DIR = VERBS.parent if VERBS else None
 IBGDA_CLIENT = _native.find("emu_ibgda_client")
 ERR_CLIENT = _native.find("emu_err_client")
-
-needs_emu = pytest.mark.skipif(
-    VERBS is None or MLX5 is None or MLX5.parent != EMU_DIR,
-    reason="emulated HCA not built: libibverbs.so.1/libmlx5.so.1 not found in build/dev/emu "
-    "(run `cmake -S native -B build/dev && cmake --build build/dev -j1`; needs rdma-core headers)",
-)
-
-
-def needs_bin(path):
-    return pytest.mark.skipif(not Path(path).is_file(), reason=f"{path} not installed")
-
 
 def needs_client(p, name):
     return pytest.mark.skipif(p is None, reason=f"{name} not built (native/tests, needs the emulated HCA)")
@@ -46,79 +31,11 @@ def needs_client(p, name):
 # helpers
 
 
-@pytest.fixture
-def fabric():
-    name = "t" + uuid.uuid4().hex[:12]
-    yield name
-    for p in Path("/dev/shm").glob(f"sigmatrace-emu.{name}.*"):
-        try:
-            p.unlink()
-        except OSError:
-            pass
-
-
-def emu_env(fabric, lid, **extra):
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = str(EMU_DIR) + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-    env["SIGMATRACE_EMU_FABRIC"] = fabric
-    env["SIGMATRACE_EMU_LID"] = str(lid)
-    env.pop("LD_PRELOAD", None)
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening(port):
-    """True once some socket listens on `port` (reads /proc/net/tcp*, does not connect)."""
-    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(f).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for ln in lines:
-            parts = ln.split()
-            if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
-
-
-def wait_listen(port, proc, timeout=10.0):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if listening(port):
-            return
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            pytest.fail(f"server exited early rc={proc.returncode}\n{out}\n{err}")
-        time.sleep(0.02)
-    pytest.fail(f"server never listened on {port}")
-
-
-def finish(proc, timeout):
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"{proc.args} timed out\n{out}\n{err}")
-    return proc.returncode, out, err
-
-
 def client_server(fabric, argv_server, argv_client, timeout=30.0):
     """Run a server/client pair of an unmodified rdma-core program on two emulated nodes."""
-    srv = subprocess.Popen(argv_server, env=emu_env(fabric, 1), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    try:
+    srv = popen(argv_server, emu_env(fabric, 1))
+    with reaped(srv):
         return srv, None, wait_and_run(srv, argv_client, fabric, timeout)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
 
 
 def wait_and_run(srv, argv_client, fabric, timeout):
@@ -300,16 +217,11 @@ def test_ibgda_client_pair(fabric, cc):
 @pytest.mark.parametrize("cc", [False, True], ids=["cq-ring", "collapsed-cq"])
 def test_ibgda_client_two_processes(fabric, tmp_path, cc):
     common = ["--dir", str(tmp_path), "--depth", "32", "--ops", "400", "--batch", "7"] + (["--cc"] if cc else [])
-    target = subprocess.Popen([str(IBGDA_CLIENT), "--rank", "1"] + common, env=emu_env(fabric, 21),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    target = popen([str(IBGDA_CLIENT), "--rank", "1"] + common, emu_env(fabric, 21))
+    with reaped(target):
         init = subprocess.run([str(IBGDA_CLIENT), "--rank", "0"] + common, env=emu_env(fabric, 22),
                               capture_output=True, text=True, timeout=30)
         trc, tout, terr = finish(target, 30)
-    finally:
-        if target.poll() is None:
-            target.kill()
-            target.communicate()
     assert init.returncode == 0, init.stdout + init.stderr
     assert trc == 0, tout + terr
     check_ibgda_output(init.stdout, 32)
@@ -345,11 +257,9 @@ def test_completion_contents_and_error_completions(fabric):
 @needs_emu
 @needs_client(ERR_CLIENT, "emu_err_client")
 def test_peer_killed_gives_error_completions(fabric, tmp_path):
-    victim = subprocess.Popen([str(ERR_CLIENT), "--victim", str(tmp_path)], env=emu_env(fabric, 31),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    surv = subprocess.Popen([str(ERR_CLIENT), "--survivor", str(tmp_path)], env=emu_env(fabric, 32),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    victim = popen([str(ERR_CLIENT), "--victim", str(tmp_path)], emu_env(fabric, 31))
+    surv = popen([str(ERR_CLIENT), "--survivor", str(tmp_path)], emu_env(fabric, 32))
+    with reaped(victim, surv):
         t0 = time.monotonic()
         while not (tmp_path / "victim.ready").exists() or not (tmp_path / "survivor.ready").exists():
             assert time.monotonic() - t0 < 10, "peers never connected"
@@ -359,11 +269,6 @@ def test_peer_killed_gives_error_completions(fabric, tmp_path):
         victim.send_signal(signal.SIGKILL)
         victim.wait(5)
         rc, out, err = finish(surv, 15)
-    finally:
-        for p in (victim, surv):
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
     assert rc == 0, out + err
     m = re.search(r"SURVIVOR ops=(\d+) errors=(\d+) first_error=(.+) recv_flushed=8 after=([\d.]+)s", out)
     assert m, out
@@ -376,12 +281,11 @@ def test_peer_killed_gives_error_completions(fabric, tmp_path):
 def test_rc_pingpong_peer_killed_mid_run(fabric):
     port = str(free_port())
     base = ["ibv_rc_pingpong", "-p", port, "-s", "64", "-n", "100000000"]
-    srv = subprocess.Popen(base, env=emu_env(fabric, 1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    cli = None
-    try:
+    srv = popen(base, emu_env(fabric, 1))
+    with reaped(srv) as procs:
         wait_listen(int(port), srv)
-        cli = subprocess.Popen(base + ["127.0.0.1"], env=emu_env(fabric, 2), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+        cli = popen(base + ["127.0.0.1"], emu_env(fabric, 2))
+        procs.append(cli)
         time.sleep(1.0)
         assert cli.poll() is None and srv.poll() is None, "pingpong ended before the kill"
         cli.send_signal(signal.SIGKILL)
@@ -389,11 +293,6 @@ def test_rc_pingpong_peer_killed_mid_run(fabric):
         t0 = time.monotonic()
         rc, out, err = finish(srv, 15)
         elapsed = time.monotonic() - t0
-    finally:
-        for p in (srv, cli):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.communicate()
     assert rc != 0
     assert re.search(r"Failed status (transport retry counter exceeded|Work Request Flushed Error)", err + out), err
     assert elapsed < 10

@@ -15,20 +15,13 @@ import pytest
 
 import sigmatrace.mlx5 as M
 
-from test_trace_verbs_support import (IBGDA_CLIENT, capture, cleanup_fabric, env_for, needs_emu,
-                                      needs_mlx5_provider, needs_tracer, new_fabric)
+from native_util import needs_emu
+from test_trace_verbs_support import IBGDA_CLIENT, capture, env_for, needs_mlx5_provider, needs_tracer
 
 pytestmark = [pytest.mark.sim, needs_emu, needs_tracer, needs_mlx5_provider,
               pytest.mark.skipif(IBGDA_CLIENT is None, reason="emu_ibgda_client not built (native/tests)")]
 
 SETUP = re.compile(r"SETUP lid=(\d+) qpn=(0x[0-9a-f]+) cqn=(0x[0-9a-f]+) sq_wqebb=(\d+) uar_page=(\d+)")
-
-
-@pytest.fixture
-def fabric():
-    name = new_fabric()
-    yield name
-    cleanup_fabric(name)
 
 
 def setups(stdout):

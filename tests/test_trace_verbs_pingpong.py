@@ -15,8 +15,9 @@ import pytest
 
 from sigmatrace.format import events as E
 
-from test_trace_verbs_support import (RC_PINGPONG, capture, cleanup_fabric, env_for, needs_bin, needs_emu,
-                                      needs_tracer, new_fabric, per_process, pingpong_recvs_posted, run_pair)
+from native_util import needs_bin, needs_emu
+from test_trace_verbs_support import (RC_PINGPONG, capture, env_for, needs_tracer, per_process,
+                                      pingpong_recvs_posted, run_pair)
 
 pytestmark = [pytest.mark.sim, needs_emu, needs_tracer]
 
@@ -26,13 +27,6 @@ IBV_WC_SEND, IBV_WC_RDMA_WRITE, IBV_WC_RECV = 0, 1, 128
 IBV_QPS_RTR = 2
 PINGPONG_RECV_WRID, PINGPONG_SEND_WRID = 1, 2
 LIDS = (0x11, 0x12)
-
-
-@pytest.fixture
-def fabric():
-    name = new_fabric()
-    yield name
-    cleanup_fabric(name)
 
 
 def printed_addresses(stdout):

@@ -2,34 +2,23 @@
 
 Programs run on the emulated HCA (native/emu, selected with LD_LIBRARY_PATH)
 with the tracer preloaded through `sigmatrace run`'s own environment builder,
-each test on its own emulated fabric and TCP port.
+each test on its own emulated fabric and TCP port.  The emulated-HCA basics
+(needs_emu, the `fabric` fixture, ports, process cleanup) are in
+tests/native_util.py and tests/conftest.py.
 """
 import argparse
-import os
-import socket
 import subprocess
-import time
-import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from native_util import emu_env, free_port, popen, reaped, wait_listen
 from sigmatrace import _native
 from sigmatrace.format import read_capture
 
-VERBS = _native.find("libibverbs.so.1")
-MLX5 = _native.find("libmlx5.so.1")
-EMU_DIR = VERBS.parent if VERBS else None
 TRACER = _native.tracer_library()
 IBGDA_CLIENT = _native.find("emu_ibgda_client")
 RC_PINGPONG = "/usr/bin/ibv_rc_pingpong"
-
-needs_emu = pytest.mark.skipif(
-    VERBS is None or MLX5 is None or MLX5.parent != EMU_DIR,
-    reason="emulated HCA not built: libibverbs.so.1/libmlx5.so.1 not in build/dev/emu "
-    "(cmake -S native -B build/dev && cmake --build build/dev -j2; needs rdma-core headers)",
-)
 
 
 def _tracer_build_info():
@@ -50,48 +39,9 @@ needs_mlx5_provider = pytest.mark.skipif(
     "mlx5" not in (_info.get("providers") or []), reason="tracer built without the mlx5 provider (no mlx5dv.h)")
 
 
-def needs_bin(path):
-    return pytest.mark.skipif(not Path(path).is_file(), reason=f"{path} not installed")
-
-
-def new_fabric():
-    return "v" + uuid.uuid4().hex[:12]
-
-
-def cleanup_fabric(name):
-    for p in Path("/dev/shm").glob(f"sigmatrace-emu.{name}.*"):
-        try:
-            p.unlink()
-        except OSError:
-            pass
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _listening(port):
-    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(f).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for ln in lines:
-            parts = ln.split()
-            if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
-
-
 def env_for(fabric, lid, out=None, mode="full", **extra):
     """Environment of one emulated node; traced when `out` is a directory."""
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)
-    env["LD_LIBRARY_PATH"] = str(EMU_DIR) + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-    env["SIGMATRACE_EMU_FABRIC"] = fabric
-    env["SIGMATRACE_EMU_LID"] = str(lid)
+    env = emu_env(fabric, lid)
     if out is not None:
         try:
             from sigmatrace.cli.run import build_env
@@ -112,24 +62,12 @@ def run_pair(argv, fabric, out=None, mode="full", timeout=25.0, lids=(0x11, 0x12
     perftest) on two emulated nodes.  Returns (server stdout, client stdout)."""
     port = str(free_port())
     argv = list(argv) + ["-p", port]
-    srv = subprocess.Popen(argv, env=env_for(fabric, lids[0], out, mode), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    try:
-        t0 = time.monotonic()
-        while not _listening(int(port)):
-            if srv.poll() is not None:
-                o, e = srv.communicate()
-                pytest.fail(f"server exited early rc={srv.returncode}\n{o}\n{e}")
-            if time.monotonic() - t0 > 10:
-                pytest.fail("server never listened")
-            time.sleep(0.02)
+    srv = popen(argv, env_for(fabric, lids[0], out, mode))
+    with reaped(srv):
+        wait_listen(int(port), srv)
         cli = subprocess.run(argv + ["localhost"], env=env_for(fabric, lids[1], out, mode), capture_output=True,
                              text=True, timeout=timeout)
         so, se = srv.communicate(timeout=timeout)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.communicate()
     assert cli.returncode == 0, f"client rc={cli.returncode}\n{cli.stdout}\n{cli.stderr}"
     assert srv.returncode == 0, f"server rc={srv.returncode}\n{so}\n{se}"
     return so, cli.stdout

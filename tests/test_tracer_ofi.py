@@ -9,13 +9,13 @@ an untraced run.
 """
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import numpy as np
 import pytest
 
+from native_util import free_port, serve_and_connect
 from sigmatrace import _native
 from sigmatrace.format import events as E
 from sigmatrace.format import read_capture
@@ -29,12 +29,6 @@ needs = pytest.mark.skipif(LIB is None or FI_PINGPONG is None,
 ITERS, SIZE = 40, 1000
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pingpong(tmp_path, prov, ep, mode=None, providers=None, iters=ITERS, size=SIZE, traced=True, extra_env=None):
     """Run server + client; returns (out_dir, (server rc, out), (client rc, out))."""
     out = tmp_path / f"trace-{prov}-{ep}-{mode}-{providers}-{traced}"
@@ -46,22 +40,10 @@ def pingpong(tmp_path, prov, ep, mode=None, providers=None, iters=ITERS, size=SI
         if providers is not None:
             env["SIGMATRACE_PROVIDERS"] = providers
     env.update(extra_env or {})
-    for attempt in range(3):
-        port = free_port()
-        common = ["-p", prov, "-e", ep, "-I", str(iters), "-S", str(size)]
-        srv = subprocess.Popen([FI_PINGPONG, *common, "-B", str(port)], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-        time.sleep(0.3)
-        cli = subprocess.run([FI_PINGPONG, *common, "-P", str(port), "127.0.0.1"], env=env, capture_output=True,
-                             text=True, timeout=25)
-        try:
-            sout, _ = srv.communicate(timeout=25)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            sout, _ = srv.communicate()
-        if "Address already in use" not in sout + cli.stdout + cli.stderr:
-            return out, (srv.returncode, sout), (cli.returncode, cli.stdout + cli.stderr)
-    pytest.fail("could not get a free port")
+    common = ["-p", prov, "-e", ep, "-I", str(iters), "-S", str(size)]
+    srv, cli = serve_and_connect(lambda port: [FI_PINGPONG, *common, "-B", str(port)],
+                                 lambda port: [FI_PINGPONG, *common, "-P", str(port), "127.0.0.1"], env, settle=0.3)
+    return out, srv, cli
 
 
 def result_fields(text):

@@ -6,13 +6,11 @@ transport (posix + self), for a tag test and an RMA test; warm-up disabled
 """
 import os
 import shutil
-import socket
-import subprocess
-import time
 
 import numpy as np
 import pytest
 
+from native_util import serve_and_connect
 from sigmatrace import _native
 from sigmatrace.format import events as E
 from sigmatrace.format import read_capture
@@ -26,12 +24,6 @@ needs = pytest.mark.skipif(LIB is None or PERFTEST is None,
 ITERS, SIZE = 200, 256
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def perftest(tmp_path, tls, test, mode="simple", providers=None, iters=ITERS, size=SIZE, traced=True):
     out = tmp_path / f"ucx-{tls}-{test}-{mode}-{providers}-{traced}".replace(",", "_")
     env = dict(os.environ, UCX_TLS=tls, UCX_WARN_UNUSED_ENV_VARS="n")
@@ -39,21 +31,10 @@ def perftest(tmp_path, tls, test, mode="simple", providers=None, iters=ITERS, si
         env.update(LD_PRELOAD=str(LIB), SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_MODE=mode)
         if providers is not None:
             env["SIGMATRACE_PROVIDERS"] = providers
-    for attempt in range(3):
-        port = free_port()
-        srv = subprocess.Popen([PERFTEST, "-p", str(port)], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-        time.sleep(0.4)
-        cli = subprocess.run([PERFTEST, "-p", str(port), "-t", test, "-n", str(iters), "-s", str(size), "-w", "0",
-                              "127.0.0.1"], env=env, capture_output=True, text=True, timeout=25)
-        try:
-            sout, _ = srv.communicate(timeout=25)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            sout, _ = srv.communicate()
-        if "Address already in use" not in sout + cli.stdout + cli.stderr:
-            return out, (srv.returncode, sout), (cli.returncode, cli.stdout + cli.stderr)
-    pytest.fail("could not get a free port")
+    srv, cli = serve_and_connect(lambda port: [PERFTEST, "-p", str(port)],
+                                 lambda port: [PERFTEST, "-p", str(port), "-t", test, "-n", str(iters), "-s", str(size),
+                                               "-w", "0", "127.0.0.1"], env, settle=0.4)
+    return out, srv, cli
 
 
 def op_bytes(cap, name, i):

@@ -21,16 +21,13 @@
  */
 #include <errno.h>
 #include <getopt.h>
-#include <infiniband/mlx5dv.h>
-#include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "sigmatrace/mlx5.h"
+#include "ibgda_common.h"
 
 #define TIMEOUT_S 10.0
 #define BUF_BYTES (1 << 20)
@@ -38,17 +35,8 @@
 
 static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose;
 
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
 #define CHECK(c, ...) do { if (!(c)) DIE(2, __VA_ARGS__); } while (0)
-
-static unsigned ilog2u(unsigned v) { unsigned r = 0; while ((1u << r) < v) r++; return r; }
 
 struct ep {
 	struct ibv_context *ctx;
@@ -88,24 +76,15 @@ static void ep_setup(struct ep *e, struct ibv_context *ctx)
 	e->lid = pa.lid;
 	e->pd = ibv_alloc_pd(ctx);
 	CHECK(e->pd, "alloc_pd");
-	struct mlx5dv_pd dpd;
-	struct mlx5dv_obj o = { .pd = { .in = e->pd, .out = &dpd } };
-	CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_PD), "init_obj PD");
-	e->pdn = dpd.pdn;
+	CHECK(!ibgda_pdn(e->pd, &e->pdn), "init_obj PD");
 	/* shared objects through verbs (§5.1 step 3) */
 	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 64, .max_sge = 1 } };
 	e->srq = ibv_create_srq(e->pd, &sa);
 	CHECK(e->srq, "create_srq");
-	struct mlx5dv_srq dsrq = { .comp_mask = MLX5DV_SRQ_MASK_SRQN };
-	struct mlx5dv_obj o2 = { .srq = { .in = e->srq, .out = &dsrq } };
-	CHECK(!mlx5dv_init_obj(&o2, MLX5DV_OBJ_SRQ), "init_obj SRQ");
-	e->srqn = dsrq.srqn;
+	CHECK(!ibgda_srqn(e->srq, &e->srqn), "init_obj SRQ");
 	e->rcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	CHECK(e->rcq, "create recv cq");
-	struct mlx5dv_cq dcq;
-	struct mlx5dv_obj o3 = { .cq = { .in = e->rcq, .out = &dcq } };
-	CHECK(!mlx5dv_init_obj(&o3, MLX5DV_OBJ_CQ), "init_obj CQ");
-	e->rcqn = dcq.cqn;
+	CHECK(!ibgda_cqn(e->rcq, &e->rcqn), "init_obj CQ");
 	/* data buffer */
 	CHECK(!posix_memalign((void **)&e->buf, 4096, BUF_BYTES), "memalign");
 	memset(e->buf, 0, BUF_BYTES);
@@ -126,26 +105,10 @@ static void ep_setup(struct ep *e, struct ibv_context *ctx)
 	CHECK(!mlx5dv_devx_query_eqn(ctx, 0, &eqn), "query_eqn");
 	e->cq_uar = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_NC);
 	CHECK(e->cq_uar, "alloc_uar cq");
-	uint8_t in[ST_PRM_CREATE_QP_IN_SIZE], out[16];
-	memset(in, 0, sizeof in);
-	memset(out, 0, sizeof out);
-	st_devx_set(in, ST_PRM_CMD_OPCODE, ST_MLX5_CMD_OP_CREATE_CQ);
-	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_ID, e->cq_umem->umem_id);
-	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_OFFSET, 0);
-	st_devx_set(in, ST_PRM_CQC_DBR_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_CQC_DBR_UMEM_ID, e->cq_dbr_umem->umem_id);
-	st_devx_set(in, ST_PRM_CQC_DBR_ADDR, 0);
-	st_devx_set(in, ST_PRM_CQC_CQE_SZ, 0);
-	st_devx_set(in, ST_PRM_CQC_CC, (uint64_t)g_cc);
-	st_devx_set(in, ST_PRM_CQC_OI, 1);
-	st_devx_set(in, ST_PRM_CQC_LOG_CQ_SIZE, ilog2u(e->ncqe));
-	st_devx_set(in, ST_PRM_CQC_UAR_PAGE, e->cq_uar->page_id);
-	st_devx_set(in, ST_PRM_CQC_C_EQN, eqn);
-	st_devx_set(in, ST_PRM_CQC_LOG_PAGE_SIZE, 4);
-	e->cq_obj = mlx5dv_devx_obj_create(ctx, in, 0x60, out, sizeof out);
+	uint8_t out[IBGDA_PRM_OUT_SIZE];
+	e->cq_obj = ibgda_create_cq(ctx, e->cq_umem->umem_id, e->cq_dbr_umem->umem_id, e->ncqe, e->cq_uar->page_id, eqn,
+				    g_cc, out, &e->cqn);
 	CHECK(e->cq_obj, "CREATE_CQ failed: status 0x%x errno %d", (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS), errno);
-	e->cqn = (uint32_t)st_devx_get(out, ST_PRM_CREATE_CQ_OUT_CQN);
 
 	/* QP UAR + WQ + DBR (§5.1 steps 6, 8) */
 	e->uar = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_BF);
@@ -160,65 +123,17 @@ static void ep_setup(struct ep *e, struct ibv_context *ctx)
 	CHECK(e->wq_umem && e->qp_dbr_umem, "umem_reg qp");
 
 	/* CREATE_QP (§5.1 step 9) */
-	memset(in, 0, sizeof in);
-	memset(out, 0, sizeof out);
-	st_devx_set(in, ST_PRM_CMD_OPCODE, ST_MLX5_CMD_OP_CREATE_QP);
-	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_ID, e->wq_umem->umem_id);
-	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_OFFSET, 0);
-	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_QPC_ST, ST_MLX5_QPC_ST_RC);
-	st_devx_set(in, ST_PRM_QPC_PM_STATE, 3);
-	st_devx_set(in, ST_PRM_QPC_PD, e->pdn);
-	st_devx_set(in, ST_PRM_QPC_UAR_PAGE, e->uar->page_id);
-	st_devx_set(in, ST_PRM_QPC_RQ_TYPE, 1);
-	st_devx_set(in, ST_PRM_QPC_SRQN, e->srqn);
-	st_devx_set(in, ST_PRM_QPC_CQN_SND, e->cqn);
-	st_devx_set(in, ST_PRM_QPC_CQN_RCV, e->rcqn);
-	st_devx_set(in, ST_PRM_QPC_LOG_SQ_SIZE, ilog2u(e->nwqebb));
-	st_devx_set(in, ST_PRM_QPC_LOG_RQ_SIZE, 0);
-	st_devx_set(in, ST_PRM_QPC_DBR_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_QPC_DBR_ADDR, 0);
-	st_devx_set(in, ST_PRM_QPC_DBR_UMEM_ID, e->qp_dbr_umem->umem_id);
-	st_devx_set(in, ST_PRM_QPC_USER_INDEX, 0);
-	e->qp_obj = mlx5dv_devx_obj_create(ctx, in, sizeof in, out, sizeof out);
+	e->qp_obj = ibgda_create_qp(ctx, e->pdn, e->uar->page_id, e->srqn, e->cqn, e->rcqn, e->wq_umem->umem_id, e->nwqebb,
+				    e->qp_dbr_umem->umem_id, out, &e->qpn);
 	CHECK(e->qp_obj, "CREATE_QP failed: status 0x%x errno %d", (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS), errno);
-	e->qpn = (uint32_t)st_devx_get(out, ST_PRM_CREATE_QP_OUT_QPN);
 	printf("SETUP lid=%u qpn=0x%x cqn=0x%x sq_wqebb=%u uar_page=%u cc=%d\n", e->lid, e->qpn, e->cqn, e->nwqebb,
 	       e->uar->page_id, g_cc);
 }
 
 static int modify(struct ep *e, uint16_t op, const struct peer_info *p)
 {
-	uint8_t in[ST_PRM_MODIFY_QP_IN_SIZE], out[16];
-	memset(in, 0, sizeof in);
-	memset(out, 0, sizeof out);
-	st_devx_set(in, ST_PRM_CMD_OPCODE, op);
-	st_devx_set(in, ST_PRM_MODIFY_QP_QPN, e->qpn);
-	switch (op) {
-	case ST_MLX5_CMD_OP_RST2INIT_QP:
-		st_devx_set(in, ST_PRM_QPC_RWE, 1);
-		st_devx_set(in, ST_PRM_QPC_RRE, 1);
-		st_devx_set(in, ST_PRM_QPC_RAE, 1);
-		st_devx_set(in, ST_PRM_QPC_ATOMIC_MODE, 3);
-		st_devx_set(in, ST_PRM_QPC_VHCA_PORT_NUM, 1);
-		st_devx_set(in, ST_PRM_QPC_PM_STATE, 3);
-		break;
-	case ST_MLX5_CMD_OP_INIT2RTR_QP:
-		st_devx_set(in, ST_PRM_QPC_MTU, 5);
-		st_devx_set(in, ST_PRM_QPC_LOG_MSG_MAX, 30);
-		st_devx_set(in, ST_PRM_QPC_REMOTE_QPN, p->qpn);
-		st_devx_set(in, ST_PRM_QPC_MIN_RNR_NAK, 12);
-		st_devx_set(in, ST_PRM_QPC_LOG_RRA_MAX, 4);
-		st_devx_set(in, ST_PRM_QPC_RLID, p->lid);
-		break;
-	case ST_MLX5_CMD_OP_RTR2RTS_QP:
-		st_devx_set(in, ST_PRM_QPC_RETRY_COUNT, 7);
-		st_devx_set(in, ST_PRM_QPC_RNR_RETRY, 7);
-		st_devx_set(in, ST_PRM_QPC_ACK_TIMEOUT, 20);
-		st_devx_set(in, ST_PRM_QPC_NEXT_SEND_PSN, 0);
-		break;
-	}
-	int r = mlx5dv_devx_obj_modify(e->qp_obj, in, sizeof in, out, sizeof out);
+	uint8_t out[IBGDA_PRM_OUT_SIZE];
+	int r = ibgda_modify_qp(e->qp_obj, e->qpn, op, p->qpn, p->lid, out);
 	if (r)
 		printf("MODIFY op=0x%x failed r=%d status=0x%x\n", op, r, (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS));
 	return r;
@@ -278,26 +193,27 @@ static uint32_t post_write(struct ep *e, const struct peer_info *p, uint64_t lof
 	return put_ctrl(e, ST_MLX5_OPCODE_RDMA_WRITE, 0, ds, fm, 0);
 }
 
-static uint32_t post_read(struct ep *e, const struct peer_info *p, uint64_t loff, uint64_t roff, uint32_t len, uint8_t fm)
+/* One-WQEBB WQE (a WQEBB never straddles the ring's end). */
+static uint32_t post_one(struct ep *e, uint8_t opcode, const struct peer_info *p, uint64_t roff, uint64_t loff,
+			 uint32_t len, uint64_t a, uint64_t b, uint8_t fm)
 {
 	reserve(e, 1);
 	uint32_t idx = e->pi;
-	st_mlx5_set_raddr_seg((struct st_mlx5_wqe_raddr_seg *)slot(e, idx, 16), p->addr + roff, p->rkey);
-	st_mlx5_set_data_seg((struct st_mlx5_wqe_data_seg *)slot(e, idx, 32), len, e->mr->lkey,
-			     (uint64_t)(uintptr_t)(e->buf + loff));
-	return put_ctrl(e, ST_MLX5_OPCODE_RDMA_READ, 0, 3, fm, 0);
+	uint32_t ds = ibgda_build_wqe(slot(e, idx, 0), opcode, (uint16_t)idx, e->qpn, fm, p->addr + roff, p->rkey,
+				      (uint64_t)(uintptr_t)(e->buf + loff), e->mr->lkey, len, a, b);
+	e->pi += st_mlx5_wqebbs(ds);
+	return idx;
+}
+
+static uint32_t post_read(struct ep *e, const struct peer_info *p, uint64_t loff, uint64_t roff, uint32_t len, uint8_t fm)
+{
+	return post_one(e, ST_MLX5_OPCODE_RDMA_READ, p, roff, loff, len, 0, 0, fm);
 }
 
 static uint32_t post_atomic(struct ep *e, const struct peer_info *p, uint8_t opcode, uint64_t roff, uint64_t a, uint64_t b,
 			    uint64_t loff, uint8_t fm)
 {
-	reserve(e, 1);
-	uint32_t idx = e->pi;
-	st_mlx5_set_raddr_seg((struct st_mlx5_wqe_raddr_seg *)slot(e, idx, 16), p->addr + roff, p->rkey);
-	st_mlx5_set_atomic_seg((struct st_mlx5_wqe_atomic_seg *)slot(e, idx, 32), a, b);
-	st_mlx5_set_data_seg((struct st_mlx5_wqe_data_seg *)slot(e, idx, 48), 8, e->mr->lkey,
-			     (uint64_t)(uintptr_t)(e->buf + loff));
-	return put_ctrl(e, opcode, 0, 4, fm, 0);
+	return post_one(e, opcode, p, roff, loff, 8, a, b, fm);
 }
 
 static uint32_t post_inline_write(struct ep *e, const struct peer_info *p, uint64_t roff, uint32_t val, uint8_t fm)
@@ -315,14 +231,9 @@ static uint32_t post_inline_write(struct ep *e, const struct peer_info *p, uint6
 static void ring(struct ep *e, uint32_t first_idx, uint32_t nwqe, uint16_t last_idx)
 {
 	__atomic_thread_fence(__ATOMIC_RELEASE);
-	uint32_t dbr = htobe32(e->pi & 0xffff);
-	__atomic_store_n((uint32_t *)(e->qp_dbr + 4), dbr, __ATOMIC_RELEASE);
+	__atomic_store_n((uint32_t *)(e->qp_dbr + 4), ibgda_dbr_value(e->pi), __ATOMIC_RELEASE);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	uint8_t db[8];
-	st_mlx5_make_nvshmem_db(db, e->pi, e->qpn);
-	uint64_t v;
-	memcpy(&v, db, 8);
-	__atomic_store_n((uint64_t *)e->uar->reg_addr, v, __ATOMIC_RELEASE);
+	__atomic_store_n((uint64_t *)e->uar->reg_addr, ibgda_db_value(e->pi, e->qpn), __ATOMIC_RELEASE);
 	printf("DB qpn=0x%x pi=%u nwqe=%u first_idx=%u\n", e->qpn, e->pi & 0xffff, nwqe, first_idx & 0xffff);
 	e->ndb++;
 	struct pending *p = &g_pend[g_pend_t++ % 4096];
@@ -332,7 +243,7 @@ static void ring(struct ep *e, uint32_t first_idx, uint32_t nwqe, uint16_t last_
 
 static void wait_cqe(struct ep *e, uint16_t want_idx)
 {
-	double t0 = now_s();
+	double t0 = ibgda_now_s();
 	for (;;) {
 		if (g_cc) {
 			/* collapsed CQ: every CQE lands in slot 0; NVSHMEM-style completion test */
@@ -361,14 +272,14 @@ static void wait_cqe(struct ep *e, uint16_t want_idx)
 					printf("CQE ci=%u wqe_counter=%u opcode=0x%x byte_cnt=%u\n", e->cq_ci, ctr,
 					       be32toh(c->sop_drop_qpn) >> 24, be32toh(c->byte_cnt));
 				e->cq_ci++;
-				uint32_t ci = htobe32(e->cq_ci & 0xffffff);
+				uint32_t ci = ibgda_cq_ci_value(e->cq_ci);
 				memcpy(e->cq_dbr, &ci, 4);
 				if (ctr == want_idx)
 					return;
 				continue;
 			}
 		}
-		if (now_s() - t0 > TIMEOUT_S)
+		if (ibgda_now_s() - t0 > TIMEOUT_S)
 			DIE(2, "timeout waiting for CQE of wqe %u", want_idx);
 		usleep(20);
 	}
@@ -537,7 +448,7 @@ static void get_file(const char *dir, const char *name, char *buf, size_t n)
 {
 	char fin[512];
 	snprintf(fin, sizeof fin, "%s/%s", dir, name);
-	double t0 = now_s();
+	double t0 = ibgda_now_s();
 	for (;;) {
 		FILE *f = fopen(fin, "r");
 		if (f) {
@@ -546,7 +457,7 @@ static void get_file(const char *dir, const char *name, char *buf, size_t n)
 			fclose(f);
 			return;
 		}
-		if (now_s() - t0 > TIMEOUT_S)
+		if (ibgda_now_s() - t0 > TIMEOUT_S)
 			DIE(2, "timeout waiting for %s", fin);
 		usleep(2000);
 	}

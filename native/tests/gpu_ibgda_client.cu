@@ -19,8 +19,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
-#include <infiniband/mlx5dv.h>
-#include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +27,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "sigmatrace/mlx5.h"
+#include "ibgda_common.h"
 
 #define DIE(...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(1); } while (0)
 #define CHECK(c, ...) do { if (!(c)) DIE(__VA_ARGS__); } while (0)
@@ -38,8 +36,6 @@
 
 static int g_depth = 128;
 static const char *g_api = "runtime", *g_sq = "host";
-
-static unsigned ilog2u(unsigned v) { unsigned r = 0; while ((1u << r) < v) r++; return r; }
 
 // --- device-visible QP state --------------------------------------------------------
 struct dqp {
@@ -188,33 +184,15 @@ static void ep_setup(ep *e, struct ibv_context *ctx)
 	CHECK(!ibv_query_port(ctx, 1, &pa), "query_port");
 	e->lid = pa.lid;
 	CHECK((e->pd = ibv_alloc_pd(ctx)), "alloc_pd");
-	struct mlx5dv_pd dpd;
-	struct mlx5dv_obj o;
-	memset(&o, 0, sizeof o);
-	o.pd.in = e->pd;
-	o.pd.out = &dpd;
-	CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_PD), "init_obj PD");
-	e->pdn = dpd.pdn;
+	CHECK(!ibgda_pdn(e->pd, &e->pdn), "init_obj PD");
 	struct ibv_srq_init_attr sa;
 	memset(&sa, 0, sizeof sa);
 	sa.attr.max_wr = 16;
 	sa.attr.max_sge = 1;
 	CHECK((e->srq = ibv_create_srq(e->pd, &sa)), "create_srq");
-	struct mlx5dv_srq dsrq;
-	memset(&dsrq, 0, sizeof dsrq);
-	dsrq.comp_mask = MLX5DV_SRQ_MASK_SRQN;
-	memset(&o, 0, sizeof o);
-	o.srq.in = e->srq;
-	o.srq.out = &dsrq;
-	CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_SRQ), "init_obj SRQ");
-	e->srqn = dsrq.srqn;
+	CHECK(!ibgda_srqn(e->srq, &e->srqn), "init_obj SRQ");
 	CHECK((e->rcq = ibv_create_cq(ctx, 16, NULL, NULL, 0)), "create rcq");
-	struct mlx5dv_cq dcq;
-	memset(&o, 0, sizeof o);
-	o.cq.in = e->rcq;
-	o.cq.out = &dcq;
-	CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_CQ), "init_obj CQ");
-	e->rcqn = dcq.cqn;
+	CHECK(!ibgda_cqn(e->rcq, &e->rcqn), "init_obj CQ");
 	int managed = !strcmp(g_sq, "managed");
 	e->buf = (uint8_t *)host_alloc(1 << 20, 0);
 	e->mr = ibv_reg_mr(e->pd, e->buf, 1 << 20, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
@@ -230,21 +208,10 @@ static void ep_setup(ep *e, struct ibv_context *ctx)
 	uint32_t eqn;
 	CHECK(!mlx5dv_devx_query_eqn(ctx, 0, &eqn), "eqn");
 	CHECK((e->cq_uar = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_NC)), "uar cq");
-	uint8_t in[ST_PRM_CREATE_QP_IN_SIZE], out[16];
-	memset(in, 0, sizeof in);
-	memset(out, 0, sizeof out);
-	st_devx_set(in, ST_PRM_CMD_OPCODE, ST_MLX5_CMD_OP_CREATE_CQ);
-	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_ID, e->cq_umem->umem_id);
-	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_CQC_DBR_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_CQC_DBR_UMEM_ID, e->cq_dbr_umem->umem_id);
-	st_devx_set(in, ST_PRM_CQC_OI, 1);
-	st_devx_set(in, ST_PRM_CQC_LOG_CQ_SIZE, ilog2u(ncqe));
-	st_devx_set(in, ST_PRM_CQC_UAR_PAGE, e->cq_uar->page_id);
-	st_devx_set(in, ST_PRM_CQC_C_EQN, eqn);
-	st_devx_set(in, ST_PRM_CQC_LOG_PAGE_SIZE, 4);
-	CHECK((e->cq_obj = mlx5dv_devx_obj_create(ctx, in, 0x60, out, sizeof out)), "CREATE_CQ");
-	e->cqn = (uint32_t)st_devx_get(out, ST_PRM_CREATE_CQ_OUT_CQN);
+	uint8_t out[IBGDA_PRM_OUT_SIZE];
+	CHECK((e->cq_obj = ibgda_create_cq(ctx, e->cq_umem->umem_id, e->cq_dbr_umem->umem_id, ncqe, e->cq_uar->page_id,
+					   eqn, 0, out, &e->cqn)),
+	      "CREATE_CQ");
 	CHECK((e->uar = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_NC)), "uar qp");
 	unsigned nw = (unsigned)g_depth;
 	e->wq = (uint8_t *)host_alloc(nw * 64, managed);
@@ -252,24 +219,9 @@ static void ep_setup(ep *e, struct ibv_context *ctx)
 	e->wq_umem = mlx5dv_devx_umem_reg(ctx, e->wq, nw * 64, IBV_ACCESS_LOCAL_WRITE);
 	e->qp_dbr_umem = mlx5dv_devx_umem_reg(ctx, e->qp_dbr, 8, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(e->wq_umem && e->qp_dbr_umem, "umem qp");
-	memset(in, 0, sizeof in);
-	memset(out, 0, sizeof out);
-	st_devx_set(in, ST_PRM_CMD_OPCODE, ST_MLX5_CMD_OP_CREATE_QP);
-	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_ID, e->wq_umem->umem_id);
-	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_QPC_ST, ST_MLX5_QPC_ST_RC);
-	st_devx_set(in, ST_PRM_QPC_PM_STATE, 3);
-	st_devx_set(in, ST_PRM_QPC_PD, e->pdn);
-	st_devx_set(in, ST_PRM_QPC_UAR_PAGE, e->uar->page_id);
-	st_devx_set(in, ST_PRM_QPC_RQ_TYPE, 1);
-	st_devx_set(in, ST_PRM_QPC_SRQN, e->srqn);
-	st_devx_set(in, ST_PRM_QPC_CQN_SND, e->cqn);
-	st_devx_set(in, ST_PRM_QPC_CQN_RCV, e->rcqn);
-	st_devx_set(in, ST_PRM_QPC_LOG_SQ_SIZE, ilog2u(nw));
-	st_devx_set(in, ST_PRM_QPC_DBR_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_QPC_DBR_UMEM_ID, e->qp_dbr_umem->umem_id);
-	CHECK((e->qp_obj = mlx5dv_devx_obj_create(ctx, in, sizeof in, out, sizeof out)), "CREATE_QP");
-	e->qpn = (uint32_t)st_devx_get(out, ST_PRM_CREATE_QP_OUT_QPN);
+	CHECK((e->qp_obj = ibgda_create_qp(ctx, e->pdn, e->uar->page_id, e->srqn, e->cqn, e->rcqn, e->wq_umem->umem_id, nw,
+					   e->qp_dbr_umem->umem_id, out, &e->qpn)),
+	      "CREATE_QP");
 	e->d.wq = (uint8_t *)dev_view(e->wq, managed);
 	e->d.cq = (uint8_t *)dev_view(e->cq, 0);
 	e->d.dbr = (uint32_t *)dev_view(e->qp_dbr, 0);
@@ -284,31 +236,8 @@ static void ep_setup(ep *e, struct ibv_context *ctx)
 
 static int modify(ep *e, uint16_t op, uint32_t rqpn, uint32_t rlid)
 {
-	uint8_t in[ST_PRM_MODIFY_QP_IN_SIZE], out[16];
-	memset(in, 0, sizeof in);
-	memset(out, 0, sizeof out);
-	st_devx_set(in, ST_PRM_CMD_OPCODE, op);
-	st_devx_set(in, ST_PRM_MODIFY_QP_QPN, e->qpn);
-	if (op == ST_MLX5_CMD_OP_RST2INIT_QP) {
-		st_devx_set(in, ST_PRM_QPC_RWE, 1);
-		st_devx_set(in, ST_PRM_QPC_RRE, 1);
-		st_devx_set(in, ST_PRM_QPC_RAE, 1);
-		st_devx_set(in, ST_PRM_QPC_ATOMIC_MODE, 3);
-		st_devx_set(in, ST_PRM_QPC_VHCA_PORT_NUM, 1);
-		st_devx_set(in, ST_PRM_QPC_PM_STATE, 3);
-	} else if (op == ST_MLX5_CMD_OP_INIT2RTR_QP) {
-		st_devx_set(in, ST_PRM_QPC_MTU, 5);
-		st_devx_set(in, ST_PRM_QPC_LOG_MSG_MAX, 30);
-		st_devx_set(in, ST_PRM_QPC_REMOTE_QPN, rqpn);
-		st_devx_set(in, ST_PRM_QPC_MIN_RNR_NAK, 12);
-		st_devx_set(in, ST_PRM_QPC_LOG_RRA_MAX, 4);
-		st_devx_set(in, ST_PRM_QPC_RLID, rlid);
-	} else {
-		st_devx_set(in, ST_PRM_QPC_RETRY_COUNT, 7);
-		st_devx_set(in, ST_PRM_QPC_RNR_RETRY, 7);
-		st_devx_set(in, ST_PRM_QPC_ACK_TIMEOUT, 20);
-	}
-	return mlx5dv_devx_obj_modify(e->qp_obj, in, sizeof in, out, sizeof out);
+	uint8_t out[IBGDA_PRM_OUT_SIZE];
+	return ibgda_modify_qp(e->qp_obj, e->qpn, op, rqpn, rlid, out);
 }
 
 // The UAR made GPU-visible (§5.1 step 6).  The emulated UAR is ordinary memory,

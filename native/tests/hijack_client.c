@@ -23,8 +23,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
-#include <infiniband/mlx5dv.h>
-#include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,7 +32,7 @@
 #include <unistd.h>
 
 #include "emucuda.h"
-#include "sigmatrace/mlx5.h"
+#include "ibgda_common.h"
 
 typedef int CUresult;
 typedef uint64_t CUdeviceptr;
@@ -69,14 +67,6 @@ static const char *g_mode = "func", *g_api = "direct";
 static FILE *g_log;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *g_cuctx;
-
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec * 1e-9;
-}
-static unsigned ilog2u(unsigned v) { unsigned r = 0; while ((1u << r) < v) r++; return r; }
 
 
 #define BUF_BYTES (1u << 20)
@@ -117,21 +107,12 @@ static void ep_setup(struct ep *e)
 	CHECK(!ibv_query_port(ctx, 1, &pa), "query_port");
 	e->lid = pa.lid;
 	CHECK((e->pd = ibv_alloc_pd(ctx)), "alloc_pd");
-	struct mlx5dv_pd dpd;
-	struct mlx5dv_obj o = {.pd = {.in = e->pd, .out = &dpd}};
-	CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_PD), "init_obj PD");
-	e->pdn = dpd.pdn;
+	CHECK(!ibgda_pdn(e->pd, &e->pdn), "init_obj PD");
 	struct ibv_srq_init_attr sa = {.attr = {.max_wr = 16, .max_sge = 1}};
 	CHECK((e->srq = ibv_create_srq(e->pd, &sa)), "create_srq");
-	struct mlx5dv_srq dsrq = {.comp_mask = MLX5DV_SRQ_MASK_SRQN};
-	struct mlx5dv_obj o2 = {.srq = {.in = e->srq, .out = &dsrq}};
-	CHECK(!mlx5dv_init_obj(&o2, MLX5DV_OBJ_SRQ), "init_obj SRQ");
-	e->srqn = dsrq.srqn;
+	CHECK(!ibgda_srqn(e->srq, &e->srqn), "init_obj SRQ");
 	CHECK((e->rcq = ibv_create_cq(ctx, 16, NULL, NULL, 0)), "create rcq");
-	struct mlx5dv_cq dcq;
-	struct mlx5dv_obj o3 = {.cq = {.in = e->rcq, .out = &dcq}};
-	CHECK(!mlx5dv_init_obj(&o3, MLX5DV_OBJ_CQ), "init_obj CQ");
-	e->rcqn = dcq.cqn;
+	CHECK(!ibgda_cqn(e->rcq, &e->rcqn), "init_obj CQ");
 
 	/* data buffer in GPU memory, registered for RDMA (GPUDirect) */
 	CU(cuMemAlloc_v2(&e->buf, BUF_BYTES));
@@ -153,22 +134,10 @@ static void ep_setup(struct ep *e)
 	uint32_t eqn;
 	CHECK(!mlx5dv_devx_query_eqn(ctx, 0, &eqn), "query_eqn");
 	CHECK((e->cq_uar = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_NC)), "alloc_uar cq");
-	uint8_t in[ST_PRM_CREATE_QP_IN_SIZE], out[16];
-	memset(in, 0, sizeof in);
-	memset(out, 0, sizeof out);
-	st_devx_set(in, ST_PRM_CMD_OPCODE, ST_MLX5_CMD_OP_CREATE_CQ);
-	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_ID, e->cq_umem->umem_id);
-	st_devx_set(in, ST_PRM_CREATE_CQ_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_CQC_DBR_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_CQC_DBR_UMEM_ID, e->cq_dbr_umem->umem_id);
-	st_devx_set(in, ST_PRM_CQC_OI, 1);
-	st_devx_set(in, ST_PRM_CQC_LOG_CQ_SIZE, ilog2u(e->ncqe));
-	st_devx_set(in, ST_PRM_CQC_UAR_PAGE, e->cq_uar->page_id);
-	st_devx_set(in, ST_PRM_CQC_C_EQN, eqn);
-	st_devx_set(in, ST_PRM_CQC_LOG_PAGE_SIZE, 4);
-	e->cq_obj = mlx5dv_devx_obj_create(ctx, in, 0x60, out, sizeof out);
+	uint8_t out[IBGDA_PRM_OUT_SIZE];
+	e->cq_obj = ibgda_create_cq(ctx, e->cq_umem->umem_id, e->cq_dbr_umem->umem_id, e->ncqe, e->cq_uar->page_id, eqn, 0,
+				    out, &e->cqn);
 	CHECK(e->cq_obj, "CREATE_CQ status 0x%x", (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS));
-	e->cqn = (uint32_t)st_devx_get(out, ST_PRM_CREATE_CQ_OUT_CQN);
 
 	/* QP: UAR, WQ + DBR in GPU memory (§5.1 steps 6, 8) */
 	CHECK((e->uar = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_NC)), "alloc_uar qp");
@@ -180,54 +149,15 @@ static void ep_setup(struct ep *e)
 	e->wq_umem = mlx5dv_devx_umem_reg(ctx, (void *)(uintptr_t)e->wq, e->nwqebb * 64, IBV_ACCESS_LOCAL_WRITE);
 	e->qp_dbr_umem = mlx5dv_devx_umem_reg(ctx, (void *)(uintptr_t)e->qp_dbr, 8, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(e->wq_umem && e->qp_dbr_umem, "umem_reg qp");
-	memset(in, 0, sizeof in);
-	memset(out, 0, sizeof out);
-	st_devx_set(in, ST_PRM_CMD_OPCODE, ST_MLX5_CMD_OP_CREATE_QP);
-	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_ID, e->wq_umem->umem_id);
-	st_devx_set(in, ST_PRM_CREATE_QP_WQ_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_QPC_ST, ST_MLX5_QPC_ST_RC);
-	st_devx_set(in, ST_PRM_QPC_PM_STATE, 3);
-	st_devx_set(in, ST_PRM_QPC_PD, e->pdn);
-	st_devx_set(in, ST_PRM_QPC_UAR_PAGE, e->uar->page_id);
-	st_devx_set(in, ST_PRM_QPC_RQ_TYPE, 1);
-	st_devx_set(in, ST_PRM_QPC_SRQN, e->srqn);
-	st_devx_set(in, ST_PRM_QPC_CQN_SND, e->cqn);
-	st_devx_set(in, ST_PRM_QPC_CQN_RCV, e->rcqn);
-	st_devx_set(in, ST_PRM_QPC_LOG_SQ_SIZE, ilog2u(e->nwqebb));
-	st_devx_set(in, ST_PRM_QPC_DBR_UMEM_VALID, 1);
-	st_devx_set(in, ST_PRM_QPC_DBR_UMEM_ID, e->qp_dbr_umem->umem_id);
-	e->qp_obj = mlx5dv_devx_obj_create(ctx, in, sizeof in, out, sizeof out);
+	e->qp_obj = ibgda_create_qp(ctx, e->pdn, e->uar->page_id, e->srqn, e->cqn, e->rcqn, e->wq_umem->umem_id, e->nwqebb,
+				    e->qp_dbr_umem->umem_id, out, &e->qpn);
 	CHECK(e->qp_obj, "CREATE_QP status 0x%x", (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS));
-	e->qpn = (uint32_t)st_devx_get(out, ST_PRM_CREATE_QP_OUT_QPN);
 }
 
 static int modify(struct ep *e, uint16_t op, uint32_t rqpn, uint32_t rlid)
 {
-	uint8_t in[ST_PRM_MODIFY_QP_IN_SIZE], out[16];
-	memset(in, 0, sizeof in);
-	memset(out, 0, sizeof out);
-	st_devx_set(in, ST_PRM_CMD_OPCODE, op);
-	st_devx_set(in, ST_PRM_MODIFY_QP_QPN, e->qpn);
-	if (op == ST_MLX5_CMD_OP_RST2INIT_QP) {
-		st_devx_set(in, ST_PRM_QPC_RWE, 1);
-		st_devx_set(in, ST_PRM_QPC_RRE, 1);
-		st_devx_set(in, ST_PRM_QPC_RAE, 1);
-		st_devx_set(in, ST_PRM_QPC_ATOMIC_MODE, 3);
-		st_devx_set(in, ST_PRM_QPC_VHCA_PORT_NUM, 1);
-		st_devx_set(in, ST_PRM_QPC_PM_STATE, 3);
-	} else if (op == ST_MLX5_CMD_OP_INIT2RTR_QP) {
-		st_devx_set(in, ST_PRM_QPC_MTU, 5);
-		st_devx_set(in, ST_PRM_QPC_LOG_MSG_MAX, 30);
-		st_devx_set(in, ST_PRM_QPC_REMOTE_QPN, rqpn);
-		st_devx_set(in, ST_PRM_QPC_MIN_RNR_NAK, 12);
-		st_devx_set(in, ST_PRM_QPC_LOG_RRA_MAX, 4);
-		st_devx_set(in, ST_PRM_QPC_RLID, rlid);
-	} else {
-		st_devx_set(in, ST_PRM_QPC_RETRY_COUNT, 7);
-		st_devx_set(in, ST_PRM_QPC_RNR_RETRY, 7);
-		st_devx_set(in, ST_PRM_QPC_ACK_TIMEOUT, 20);
-	}
-	return mlx5dv_devx_obj_modify(e->qp_obj, in, sizeof in, out, sizeof out);
+	uint8_t out[IBGDA_PRM_OUT_SIZE];
+	return ibgda_modify_qp(e->qp_obj, e->qpn, op, rqpn, rlid, out);
 }
 
 static void connect_pair(struct ep *a, struct ep *b)
@@ -282,7 +212,7 @@ static void put_wqe(struct ep *e, const uint8_t *w, uint32_t nbb)
 
 static int poll_cq(struct ep *e, uint16_t want, double timeout)
 {
-	double t0 = now_s();
+	double t0 = ibgda_now_s();
 	for (;;) {
 		CUdeviceptr c = e->cq + (e->cq_ci & (e->ncqe - 1)) * 64u;
 		struct st_mlx5_cqe64 cqe;
@@ -293,12 +223,12 @@ static int poll_cq(struct ep *e, uint16_t want, double timeout)
 				DIE("CQE opcode %u (syndrome 0x%x) qpn 0x%x wqe %u", st_mlx5_cqe_opcode(&cqe),
 				    ((struct st_mlx5_err_cqe *)&cqe)->syndrome, e->qpn, ctr);
 			e->cq_ci++;
-			emucu_store32(e->cq_dbr, htobe32(e->cq_ci & 0xffffff));
+			emucu_store32(e->cq_dbr, ibgda_cq_ci_value(e->cq_ci));
 			if (ctr == want)
 				return 0;
 			continue;
 		}
-		if (now_s() - t0 > timeout)
+		if (ibgda_now_s() - t0 > timeout)
 			DIE("timeout waiting for CQE of wqe %u on qpn 0x%x", want, e->qpn);
 		sched_yield();
 	}
@@ -327,13 +257,9 @@ static void quiet(struct ep *e)
 static void ring(struct ep *e, uint16_t last_idx)
 {
 	emucu_fence_system();
-	emucu_store32(e->qp_dbr + 4, htobe32(e->pi & 0xffff));
+	emucu_store32(e->qp_dbr + 4, ibgda_dbr_value(e->pi));
 	emucu_fence_system();
-	uint8_t db[8];
-	st_mlx5_make_nvshmem_db(db, e->pi, e->qpn);
-	uint64_t v;
-	memcpy(&v, db, 8);
-	emucu_store64(e->db, v);
+	emucu_store64(e->db, ibgda_db_value(e->pi, e->qpn));
 	e->ndb++;
 	if (g_log) {
 		pthread_mutex_lock(&log_lock);
@@ -353,20 +279,14 @@ static uint16_t post(struct ep *e, struct ep *peer, int op, uint32_t loff, uint3
 {
 	uint8_t w[64];
 	memset(w, 0, sizeof w);
-	uint32_t ds = op == OP_FA ? 4 : 3;
 	uint8_t opc = op == OP_PUT ? ST_MLX5_OPCODE_RDMA_WRITE : op == OP_GET ? ST_MLX5_OPCODE_RDMA_READ : ST_MLX5_OPCODE_ATOMIC_FA;
 	reserve(e, 1);
 	uint32_t idx = e->pi;
-	st_mlx5_set_ctrl_seg((struct st_mlx5_wqe_ctrl_seg *)w, 0, (uint16_t)idx, opc, e->qpn, ds,
-			     signal ? ST_MLX5_WQE_CTRL_CQ_UPDATE : 0, 0);
 	uint64_t raddr = peer->buf + roff;
-	st_mlx5_set_raddr_seg((struct st_mlx5_wqe_raddr_seg *)(w + 16), raddr, peer->mr->rkey);
-	if (op == OP_FA) {
-		st_mlx5_set_atomic_seg((struct st_mlx5_wqe_atomic_seg *)(w + 32), add, 0);
-		st_mlx5_set_data_seg((struct st_mlx5_wqe_data_seg *)(w + 48), 8, e->mr->lkey, e->buf + loff);
+	if (op == OP_FA)
 		len = 8;
-	} else
-		st_mlx5_set_data_seg((struct st_mlx5_wqe_data_seg *)(w + 32), len, e->mr->lkey, e->buf + loff);
+	uint32_t ds = ibgda_build_wqe(w, opc, (uint16_t)idx, e->qpn, signal ? ST_MLX5_WQE_CTRL_CQ_UPDATE : 0, raddr,
+				      peer->mr->rkey, e->buf + loff, e->mr->lkey, len, add, 0);
 	log_wqe(e, idx, opc, ds, raddr, peer->mr->rkey, len, op == OP_FA ? add : 0);
 	put_wqe(e, w, 1);
 	return (uint16_t)idx;
@@ -450,16 +370,16 @@ static int run_func(void)
 		uint16_t idx = post(a, b, OP_PUT, OFF_SRC + 0x8000, 0x70000, 8, 0, 1);
 		ring(a, idx);
 		quiet(a);
-		double t0 = now_s();
+		double t0 = ibgda_now_s();
 		while (emucu_load64(b->buf + 0x70000) != v)
-			CHECK(now_s() - t0 < 10, "ping %u not seen", r);
+			CHECK(ibgda_now_s() - t0 < 10, "ping %u not seen", r);
 		emucu_store64(b->buf + OFF_SRC + 0x8000, v); /* b's "GPU" copies it to its source */
 		idx = post(b, a, OP_PUT, OFF_SRC + 0x8000, 0x70000, 8, 0, 1);
 		ring(b, idx);
 		quiet(b);
-		t0 = now_s();
+		t0 = ibgda_now_s();
 		while (emucu_load64(a->buf + 0x70000) != v)
-			CHECK(now_s() - t0 < 10, "pong %u not seen", r);
+			CHECK(ibgda_now_s() - t0 < 10, "pong %u not seen", r);
 	}
 	printf("STATS doorbells=%llu wqes=%llu hostmapped_stores=%llu\n", (unsigned long long)(a->ndb + b->ndb),
 	       (unsigned long long)(a->nwqe + b->nwqe), (unsigned long long)emucu_stat_hostmapped_stores());
@@ -570,7 +490,7 @@ static int run_stress(void)
 		w[t].ops = g_ops / g_threads + (t < g_ops % g_threads);
 		w[t].seed = 12345u + (unsigned)t * 7919u;
 	}
-	double t0 = now_s();
+	double t0 = ibgda_now_s();
 	for (int t = 0; t < g_threads; t++)
 		pthread_create(&w[t].t, NULL, stress_thread, &w[t]);
 	int fails = 0;
@@ -581,7 +501,7 @@ static int run_stress(void)
 		ndb += w[t].a->ndb;
 		nwqe += w[t].a->nwqe;
 	}
-	double dt = now_s() - t0;
+	double dt = ibgda_now_s() - t0;
 	printf("STATS doorbells=%llu wqes=%llu seconds=%.3f ops_per_s=%.0f hostmapped_stores=%llu\n",
 	       (unsigned long long)ndb, (unsigned long long)nwqe, dt, nwqe / dt,
 	       (unsigned long long)emucu_stat_hostmapped_stores());

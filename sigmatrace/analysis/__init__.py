@@ -76,11 +76,28 @@ def bandwidth(source, level="gpu", bin_ns=1_000_000):
     return _rows(con, f"bandwidth_{level}", bin_ns=int(bin_ns))
 
 
-def heatmap(labels, matrix, path_stem, title="Communication matrix (bytes)", unit="auto"):
-    """Heatmap as PNG and SVG (like Fig. 10); returns the written paths."""
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path_stem, dpi):
+    """Write the figure as <path_stem>.png and .svg, close it; returns the paths."""
+    fig.tight_layout()
+    out = []
+    for ext in ("png", "svg"):
+        p = f"{path_stem}.{ext}"
+        fig.savefig(p, dpi=dpi)
+        out.append(p)
+    _pyplot().close(fig)
+    return out
+
+
+def heatmap(labels, matrix, path_stem, title="Communication matrix (bytes)", unit="auto"):
+    """Heatmap as PNG and SVG (like Fig. 10); returns the written paths."""
+    plt = _pyplot()
     m = np.asarray(matrix, np.float64)
     scale, suffix = 1.0, "B"
     mx = m.max() if m.size else 0
@@ -102,20 +119,11 @@ def heatmap(labels, matrix, path_stem, title="Communication matrix (bytes)", uni
             for j in range(n):
                 if m[i, j]:
                     ax.text(j, i, f"{m[i, j] / scale:.1f}{suffix}", ha="center", va="center", fontsize=7, color="w")
-    fig.tight_layout()
-    out = []
-    for ext in ("png", "svg"):
-        p = f"{path_stem}.{ext}"
-        fig.savefig(p, dpi=120)
-        out.append(p)
-    plt.close(fig)
-    return out
+    return _save(fig, path_stem, dpi=120)
 
 
 def bandwidth_figure(rows, key, label_key, path_stem, title):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     series = {}
     for r in rows:
@@ -129,21 +137,12 @@ def bandwidth_figure(rows, key, label_key, path_stem, title):
     ax.set_title(title)
     if len(series) <= 16:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    out = []
-    for ext in ("png", "svg"):
-        p = f"{path_stem}.{ext}"
-        fig.savefig(p, dpi=110)
-        out.append(p)
-    plt.close(fig)
-    return out
+    return _save(fig, path_stem, dpi=110)
 
 
 def barrier_figure(arrivals, path_stem):
     """Barrier ranges (first..last arrival) with each participant's arrival (Fig. 9 style)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     if not arrivals:
         return []
     fig, ax = plt.subplots(figsize=(8, 3.5))
@@ -162,11 +161,4 @@ def barrier_figure(arrivals, path_stem):
     ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.set_xlabel("time (ms)")
     ax.set_title("Barrier arrivals (shaded: first..last arrival)")
-    fig.tight_layout()
-    out = []
-    for ext in ("png", "svg"):
-        p = f"{path_stem}.{ext}"
-        fig.savefig(p, dpi=110)
-        out.append(p)
-    plt.close(fig)
-    return out
+    return _save(fig, path_stem, dpi=110)

@@ -1,0 +1,153 @@
+"""Helpers of the tests that run native programs; no tests here.
+
+Where the native build put the emulated HCA (native/emu), per-test emulated
+fabrics, environments of emulated nodes, ephemeral TCP ports, and
+server/client process pairs with bounded waits and cleanup.  Imported by
+tests/test_emu_hca.py, tests/test_trace_verbs_support.py and
+tests/test_tracer_{ofi,ucx}.py (tests/ is on sys.path under pytest).
+"""
+import os
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sigmatrace import _native
+
+VERBS = _native.find("libibverbs.so.1")
+MLX5 = _native.find("libmlx5.so.1")
+EMU_DIR = VERBS.parent if VERBS else None
+
+needs_emu = pytest.mark.skipif(
+    VERBS is None or MLX5 is None or MLX5.parent != EMU_DIR,
+    reason="emulated HCA not built: libibverbs.so.1/libmlx5.so.1 not found in build/dev/emu "
+    "(run `cmake -S native -B build/dev && cmake --build build/dev -j2`; needs rdma-core headers)",
+)
+
+
+def needs_bin(path):
+    return pytest.mark.skipif(not Path(path).is_file(), reason=f"{path} not installed")
+
+
+# ---------------------------------------------------------------------------
+# emulated fabrics and nodes
+
+
+def new_fabric(prefix="v"):
+    """A fresh fabric name (SIGMATRACE_EMU_FABRIC): tests never share emulated state."""
+    return prefix + uuid.uuid4().hex[:12]
+
+
+def cleanup_fabric(name):
+    for p in Path("/dev/shm").glob(f"sigmatrace-emu.{name}.*"):
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
+def emu_env(fabric, lid, **extra):
+    """Environment of one untraced emulated node (LID `lid` on `fabric`)."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = str(EMU_DIR) + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    env["SIGMATRACE_EMU_FABRIC"] = fabric
+    env["SIGMATRACE_EMU_LID"] = str(lid)
+    env.pop("LD_PRELOAD", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+# ---------------------------------------------------------------------------
+# ports and processes
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening(port):
+    """True once some socket listens on `port` (reads /proc/net/tcp*, does not connect)."""
+    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(f).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            parts = ln.split()
+            if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def wait_listen(port, proc, timeout=10.0):
+    """Wait until the server `proc` listens on `port`; fail the test if it exits first or never does."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if listening(port):
+            return
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"server exited early rc={proc.returncode}\n{out}\n{err}")
+        time.sleep(0.02)
+    pytest.fail(f"server never listened on {port}")
+
+
+def finish(proc, timeout):
+    """(rc, stdout, stderr) of `proc`; killed and the test failed if it runs past `timeout`."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{proc.args} timed out\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def popen(argv, env):
+    """A background program with text stdout/stderr pipes."""
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+class reaped:
+    """`with reaped(p, ...) as procs:` kills and reaps, on the way out, every
+    process still running; more can be added with procs.append(p)."""
+
+    def __init__(self, *procs):
+        self.procs = list(procs)
+
+    def __enter__(self):
+        return self.procs
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+        return False
+
+
+def serve_and_connect(server_argv, client_argv, env, settle, timeout=25, attempts=3):
+    """Server + client of a program that takes its port on the command line
+    (fi_pingpong, ucx_perftest): `server_argv(port)` is started, given `settle`
+    seconds, then `client_argv(port)` runs to completion.  Retried on a fresh
+    port when either side reports "Address already in use".  Returns
+    ((server rc, server stdout+stderr), (client rc, client stdout+stderr))."""
+    for attempt in range(attempts):
+        port = free_port()
+        srv = subprocess.Popen(server_argv(port), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+        time.sleep(settle)
+        cli = subprocess.run(client_argv(port), env=env, capture_output=True, text=True, timeout=timeout)
+        try:
+            sout, _ = srv.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            sout, _ = srv.communicate()
+        if "Address already in use" not in sout + cli.stdout + cli.stderr:
+            return (srv.returncode, sout), (cli.returncode, cli.stdout + cli.stderr)
+    pytest.fail("could not get a free port")
