@@ -38,6 +38,14 @@ DOORBELL_TRUTH_DTYPE = np.dtype([
 ])
 BARRIER_TRUTH_DTYPE = np.dtype([("rank", "<i4"), ("level", "<i4"), ("t_arrive", "<f8"), ("t_leave", "<f8")])
 
+# what the GPU side knows when it posts (GroundTruth.wqe_rows / doorbell_rows tuples, or blocks)
+WQE_POST_DTYPE = np.dtype([
+    ("gid", "<i8"), ("wqe_index", "<i8"), ("num_wqebb", "<u2"), ("opcode", "<u1"), ("opmod", "<u1"),
+    ("bytes", "<u8"), ("raddr", "<u8"), ("laddr", "<u8"), ("t_post", "<f8"), ("doorbell_id", "<i8"),
+    ("tag", "<i4"), ("phase", "<i4")])
+DOORBELL_POST_DTYPE = np.dtype([("gid", "<i8"), ("pi", "<i8"), ("raw", "<u8"), ("num_wqes", "<i4"),
+                                ("t_write", "<f8"), ("t_land", "<f8")])
+
 # recovered codes in the WQE truth
 REC_NOT_TRACED, REC_LOST, REC_RECOVERED, REC_PENDING = -1, 0, 1, 2
 
@@ -54,7 +62,7 @@ class ProcessRecorder:
         self._next_side = 1
         self.aggregates = {}  # thread -> {(type, aux, obj, peer): [count, bytes]}
         self.calib = []
-        self.bulk = {}        # thread -> list of EVENT_DTYPE arrays (vectorised generators)
+        self.bulk = {}        # thread -> list of EVENT_DTYPE arrays, in record order (closed-form runs)
 
     def add_thread(self, index, tid, name, role):
         self.threads[index] = ({"tid": tid, "name": name, "role": role}, [])
@@ -105,7 +113,34 @@ class ProcessRecorder:
         self.calib.append(self.clock.calibration(t_ns, point))
 
     def add_bulk(self, thread, arr):
-        self.bulk.setdefault(thread, []).append(arr)
+        """Append a block of EVENT_DTYPE rows to a thread, after the rows it already has."""
+        rows = self.threads[thread][1] if thread in self.threads else None
+        parts = self.bulk.setdefault(thread, [])
+        if rows:
+            parts.append(rows_to_events(rows))
+            rows.clear()
+        parts.append(arr)
+
+    def side_bulk(self, kind, data, flags=0):
+        """N side records of one size at once: `data` is an (N, length) uint8 array.
+
+        Returns the first side id (the block gets ids first .. first+N-1, in row order);
+        write() lays them out exactly as N calls of _side would."""
+        sid = self._next_side
+        self._next_side += len(data)
+        self.side.append((sid, kind, np.ascontiguousarray(data, dtype=np.uint8), flags))
+        return sid
+
+    def side_wqe_bulk(self, qpn, first_indices, log_sq_size, wqes, flags=L.WQE_F_VERIFIED):
+        """One WQE_BYTES side record per row of `wqes` ((N, k*64) uint8), first index per row."""
+        n = len(wqes)
+        head = np.zeros(n, _WQE_HEAD)
+        head["qpn"] = qpn
+        head["first"] = np.asarray(first_indices) & 0xFFFF
+        head["nwqebb"] = wqes.shape[1] // 64
+        head["log_sq"] = log_sq_size
+        head["flags"] = flags
+        return self.side_bulk(L.SIDE_WQE_BYTES, np.hstack([head.view(np.uint8).reshape(n, 16), wqes]), flags)
 
     def n_events(self):
         n = sum(len(r) for _, r in self.threads.values())
@@ -128,6 +163,28 @@ class ProcessRecorder:
         w.flush_side()
         parts, count, size = [], 0, 0
         for sid, kind, data, flags in self.side:
+            if isinstance(data, np.ndarray):     # a block of equal-sized records (side_bulk)
+                nrec, n = data.shape
+                pad = -n % 8
+                recs = np.zeros(nrec, [("h", _SIDE_HEAD_DTYPE), ("d", np.uint8, (n + pad,))])
+                recs["h"]["side_id"] = np.arange(sid, sid + nrec)
+                recs["h"]["length"] = n
+                recs["h"]["kind"] = kind
+                recs["h"]["flags"] = flags
+                recs["d"][:, :n] = data
+                blob = recs.view(np.uint8).reshape(nrec, -1)
+                rsize = 16 + n + pad
+                k = 0
+                while k < nrec:   # same chunk boundaries as one record at a time: flush once >= 1 MiB
+                    take = min(nrec - k, max(1, -(-((1 << 20) - size) // rsize)))
+                    parts.append(blob[k:k + take].tobytes())
+                    count += take
+                    size += take * rsize
+                    k += take
+                    if size >= (1 << 20):
+                        f.write(chunk_bytes(L.CHUNK_SIDE, self.uid, 0, count, b"".join(parts)))
+                        parts, count, size = [], 0, 0
+                continue
             n = len(data)
             parts.append(_SIDE_HEAD.pack(sid, n, kind, flags))
             parts.append(data)
@@ -144,11 +201,12 @@ class ProcessRecorder:
         total = 0
         for ti in sorted(set(self.threads) | set(self.bulk)):
             rows = self.threads.get(ti, (None, []))[1]
+            parts = list(self.bulk.get(ti, []))
             if rows:
-                rec = rows_to_events(rows)
-                w.events(ti, rec)
-                total += len(rec)
-            for part in self.bulk.get(ti, []):
+                parts.append(rows_to_events(rows))
+            if len(parts) > 1:
+                parts = [np.concatenate(parts)]
+            for part in parts:
                 w.events(ti, part)
                 total += len(part)
         for ti in sorted(self.aggregates):
@@ -165,25 +223,37 @@ class ProcessRecorder:
         return total
 
 
+_EVENT_ROW = np.dtype([(n, L.EVENT_DTYPE.fields[n][0]) for n in ("tsc", "type", "aux", "obj", "arg")])
 _SIDE_HEAD = struct.Struct("<QIHH")   # SIDE_HEADER_DTYPE: side_id, length, kind, flags
+_SIDE_HEAD_DTYPE = np.dtype([("side_id", "<u8"), ("length", "<u4"), ("kind", "<u2"), ("flags", "<u2")])
+_WQE_HEAD = np.dtype([("qpn", "<u4"), ("first", "<u2"), ("nwqebb", "<u2"), ("log_sq", "<u4"), ("flags", "<u4")])
 
 
 def rows_to_events(rows):
-    """(tsc, type, aux, obj, arg) tuples -> EVENT_DTYPE array, one column at a time."""
-    rec = np.zeros(len(rows), L.EVENT_DTYPE)
-    for name, col in zip(("tsc", "type", "aux", "obj", "arg"), zip(*rows)):
-        rec[name] = np.array(col, dtype=rec.dtype[name])
-    return rec
+    """(tsc, type, aux, obj, arg) tuples -> EVENT_DTYPE array."""
+    return table(rows, _EVENT_ROW)
 
 
 def table(rows, dtype):
-    """List of tuples -> structured array of `dtype`, one column at a time (fast for big lists)."""
+    """List of tuples -> structured array of `dtype`.
+
+    One C-level conversion of the whole list into a packed record array (then cast to
+    `dtype`); column by column when the packed conversion refuses a value."""
     dtype = np.dtype(dtype)
-    out = np.zeros(len(rows), dtype)
-    if rows:
+    if not rows:
+        return np.zeros(0, dtype)
+    try:
+        return np.array(rows, dtype=_packed(dtype)).astype(dtype, copy=False)
+    except (OverflowError, ValueError, TypeError):
+        out = np.zeros(len(rows), dtype)
         for name, col in zip(dtype.names, zip(*rows)):
             out[name] = np.array(col, dtype=dtype[name])
-    return out
+        return out
+
+
+def _packed(dtype):
+    """`dtype` without its padding/offsets (np.array of tuples needs the plain field list)."""
+    return np.dtype([(n, dtype.fields[n][0]) for n in dtype.names])
 
 
 def save_npz(path, **arrays):
@@ -220,6 +290,40 @@ class GroundTruth:
         self.n_wqes = 0
         self.n_doorbells = 0
         self.meta = {}
+        # closed-form runs (gpu.PE.post_quiet_run) hand over numpy blocks instead of tuples:
+        # ordered parts of wqe_rows / doorbell_rows (ids = positions), unordered blocks of the rest
+        self.wqe_parts = []
+        self.doorbell_parts = []
+        self.blocks = {"wqe_times": [], "observed": [], "observations": [], "traced": [], "status": []}
+
+    def add_wqes(self, block):
+        """Append a structured block (WQE_POST_DTYPE) of posted WQEs; returns the first wqe_id."""
+        if self.wqe_rows:
+            self.wqe_parts.append(table(self.wqe_rows, WQE_POST_DTYPE))
+            self.wqe_rows = []
+        self.wqe_parts.append(block)
+        first = self.n_wqes
+        self.n_wqes += len(block)
+        return first
+
+    def add_doorbells(self, block):
+        """Append a structured block (DOORBELL_POST_DTYPE) of doorbell stores; returns the first id."""
+        if self.doorbell_rows:
+            self.doorbell_parts.append(table(self.doorbell_rows, DOORBELL_POST_DTYPE))
+            self.doorbell_rows = []
+        self.doorbell_parts.append(block)
+        first = self.n_doorbells
+        self.n_doorbells += len(block)
+        return first
+
+    def add_block(self, name, arr):
+        """A 2-D array of rows of one of the unordered lists (wqe_times, observed, ...)."""
+        self.blocks[name].append(arr)
+
+    def _rows(self, name, width, dtype):
+        parts = [np.array(getattr(self, name), dtype=dtype).reshape(-1, width)]
+        parts += [np.asarray(b, dtype=dtype).reshape(-1, width) for b in self.blocks[name]]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def barrier(self, rank, level, t_arrive, t_leave):
         self.barriers.append((rank, level, t_arrive, t_leave))
@@ -234,13 +338,10 @@ class GroundTruth:
             pe, peer = q.pe, q.peer
             const[q.gid] = (pe.rank, pe.node, pe.local, q.qpn, peer.pe.rank, peer.pe.node, peer.qpn,
                             peer.pe.rkey, pe.lkey)
-        n = len(self.wqe_rows)
+        post = np.concatenate(self.wqe_parts + [table(self.wqe_rows, WQE_POST_DTYPE)])
+        n = len(post)
         w = np.zeros(n, WQE_TRUTH_DTYPE)
         if n:
-            post = table(self.wqe_rows, [
-                ("gid", "<i8"), ("wqe_index", "<i8"), ("num_wqebb", "<u2"), ("opcode", "<u1"), ("opmod", "<u1"),
-                ("bytes", "<u8"), ("raddr", "<u8"), ("laddr", "<u8"), ("t_post", "<f8"), ("doorbell_id", "<i8"),
-                ("tag", "<i4"), ("phase", "<i4")])
             gid = post["gid"]
             w["wqe_id"] = np.arange(n)
             for f in const.dtype.names:
@@ -250,8 +351,8 @@ class GroundTruth:
             w["wqe_index16"] = post["wqe_index"] & 0xFFFF
             for f in ("t_fetch", "t_exec", "t_remote", "t_complete"):
                 w[f] = np.nan
-            if self.wqe_times:
-                tt = np.array(self.wqe_times, dtype=np.float64).reshape(-1, 5)
+            tt = self._rows("wqe_times", 5, np.float64)
+            if len(tt):
                 ids = tt[:, 0].astype(np.int64)
                 w["t_fetch"][ids], w["t_exec"][ids], w["t_remote"][ids], w["t_complete"][ids] = tt[:, 1:].T
             # ranges -> rows: rows of one QP are in index order (post order), so a range
@@ -277,19 +378,20 @@ class GroundTruth:
 
             traced = np.zeros(n, np.int8)
             recovered = np.full(n, REC_NOT_TRACED, np.int8)
-            if self.traced:
-                cov, _ = mark(self.traced, 3)
+            tr = self._rows("traced", 3, np.int64)
+            if len(tr):
+                cov, _ = mark(tr, 3)
                 traced[order[cov]] = 1
-            if self.status:
-                cov, val = mark(self.status, 4)
+            st = self._rows("status", 4, np.int64)
+            if len(st):
+                cov, val = mark(st, 4)
                 recovered[order[cov]] = val[cov]
                 traced[order[cov]] = 1
             w["traced"], w["recovered"] = traced, recovered
-        nd = len(self.doorbell_rows)
+        post = np.concatenate(self.doorbell_parts + [table(self.doorbell_rows, DOORBELL_POST_DTYPE)])
+        nd = len(post)
         d = np.zeros(nd, DOORBELL_TRUTH_DTYPE)
         if nd:
-            post = table(self.doorbell_rows, [("gid", "<i8"), ("pi", "<i8"), ("raw", "<u8"),
-                                                       ("num_wqes", "<i4"), ("t_write", "<f8"), ("t_land", "<f8")])
             d["doorbell_id"] = np.arange(nd)
             for f in ("rank", "node", "gpu", "qpn"):
                 d[f] = const[f][post["gid"]]
@@ -299,13 +401,13 @@ class GroundTruth:
             d["t_observed"] = np.nan
             d["t_forward"] = np.nan
             d["observed_as"] = -1
-            if self.observed:
-                ob = np.array(self.observed, dtype=np.int64)
+            ob = self._rows("observed", 3, np.int64)
+            if len(ob):
                 d["observed_as"][ob[:, 0]] = ob[:, 1]
                 d["coalesced"][ob[:, 0]] = ob[:, 0] != ob[:, 1]
                 d["recorded"][ob[:, 0]] = ob[:, 2].astype(bool)
-            if self.observations:
-                ot = np.array(self.observations, dtype=np.float64)
+            ot = self._rows("observations", 3, np.float64)
+            if len(ot):
                 ids = ot[:, 0].astype(np.int64)
                 d["t_observed"][ids], d["t_forward"][ids] = ot[:, 1], ot[:, 2]
         b = np.array(self.barriers, dtype=BARRIER_TRUTH_DTYPE) if self.barriers else np.zeros(0, BARRIER_TRUTH_DTYPE)

@@ -101,6 +101,7 @@ class Cluster:
         self._helpers = {}
         self.t_start_kernel = 0.0
         self.truth_from_ns = None
+        self.truth_arrays = {}   # workload arrays saved beside wqes/doorbells/barriers in the .truth.npz
 
     # -- identities --------------------------------------------------------
     def nic_info(self, n):
@@ -341,14 +342,12 @@ class Cluster:
         return self.write(output, t_end, extra_meta or {})
 
     def write(self, output, t_end, extra_meta):
-        out = io.BytesIO()
         total = 0
-        for rec in self.recorders:
-            total += rec.write(out, {"reason": "exit", "dropped_events": 0, "lost_wqebb": 0})
-        data = out.getvalue()
         os.makedirs(os.path.dirname(os.path.abspath(output)) or ".", exist_ok=True)
-        with open(output, "wb") as f:
-            f.write(data)
+        with open(output, "wb") as f:     # process files, one after the other (capture.bin)
+            for rec in self.recorders:
+                total += rec.write(f, {"reason": "exit", "dropped_events": 0, "lost_wqebb": 0})
+            nbytes = f.tell()
         npz, js = truth_paths(output)
         w, d, b = self.truth.arrays(self.qps)
         self.doorbells_simulated = len(d)
@@ -357,12 +356,12 @@ class Cluster:
             full_w, full_d = w, d
             w = w[(w["t_post"] >= self.truth_from_ns) | (w["traced"] == 1)]
             d = d[(d["t_write"] >= self.truth_from_ns) | d["recorded"]]
-        save_npz(npz, wqes=w, doorbells=d, barriers=b)
+        save_npz(npz, wqes=w, doorbells=d, barriers=b, **self.truth_arrays)
         meta = self.truth_meta(w, d, t_end)
         meta.update(extra_meta)
         with open(js, "w") as f:
             json.dump(meta, f, indent=1, sort_keys=True, default=_json_default)
-        return SimResult(str(output), npz, js, total, len(data), meta)
+        return SimResult(str(output), npz, js, total, nbytes, meta)
 
     def truth_meta(self, w, d, t_end):
         traced = w["traced"] == 1

@@ -184,11 +184,16 @@ class HijackPoller:
 def recovery_helper(cluster, rec, thread, store):
     """Non-blocking mode: a helper thread copies and parses batches; doorbells never wait."""
     env = cluster.env
+    store.busy_until = float("-inf")   # a closed-form run (gpu.PE.post_quiet_run) may have kept it busy
     while True:
         poller, batch = yield store.get()
+        if store.busy_until > env.now:
+            yield env.timeout(store.busy_until - env.now)
+        store.busy_until = float("inf")
         yield env.timeout(poller._copy_ns(batch))
         cost = poller.parse(batch, thread, rec)
         yield env.timeout(cost)
+        store.busy_until = env.now
 
 
 # ---------------------------------------------------------------------------------

@@ -53,6 +53,75 @@ _U32 = struct.Struct(">I")
 _DSEG_BC = struct.Struct(">I")
 
 
+def decode_op(op, fm):
+    """(opcode, nwqebb, fm_ce_se, bytes, raddr, remote effect) of WQE `op` as the NIC decodes its bytes.
+
+    Same result as decode_bytes() on what wqe.encode_into wrote (checked when Nic.CHECK_BYTES)."""
+    kind, opcode, raddr = op[0], op[1], op[4]
+    effect = None
+    if kind == W.K_INLINE:
+        payload = op[8]
+        nbytes = len(payload)
+        effect = ("set", raddr, int.from_bytes(payload, "little"), 0)
+    elif kind == W.K_RDMA:
+        nbytes = op[3]
+        if opcode == W.SEND:
+            raddr = 0
+    elif kind == W.K_ATOMIC:
+        nbytes = 8
+        effect = ("add", raddr, op[6], 0) if opcode == W.ATOMIC_FA else ("cas", raddr, op[6], op[7])
+    elif kind == W.K_MFA32:
+        nbytes = 4
+        effect = ("add", raddr, op[6] & 0xFFFFFFFF, 0)
+    else:   # K_MCS64: compare mask 0, i.e. an unconditional set
+        nbytes = 8
+        effect = ("set", raddr, op[6], 0)
+    return opcode, op[2], fm, nbytes, raddr, effect
+
+
+def decode_bytes(buf, o):
+    """(opcode, nwqebb, fm_ce_se, bytes, raddr, remote effect) parsed from the WQE bytes at buf[o:]."""
+    a, b = _CTRL2.unpack_from(buf, o)
+    ds = b & 0x3F
+    nw = (ds + 3) >> 2 or 1
+    opcode = a & 0xFF
+    fm = buf[o + 11]
+    effect = None
+    raddr = 0
+    if opcode == W.RDMA_WRITE or opcode == W.RDMA_WRITE_IMM or opcode == W.SEND:
+        if opcode != W.SEND:
+            raddr = _RADDR.unpack_from(buf, o + 16)[0]
+        bc = _DSEG_BC.unpack_from(buf, o + 32)[0]
+        if bc & W.INLINE_SEG:      # inline payload: a flag / signal word
+            nbytes = bc & 0x7FFFFFFF
+            if opcode != W.SEND:
+                effect = ("set", raddr, int.from_bytes(buf[o + 36:o + 36 + nbytes], "little"), 0)
+        else:
+            nbytes = bc
+            for k in range(3, ds):
+                nbytes += _DSEG_BC.unpack_from(buf, o + 16 * k)[0]
+    elif opcode == W.RDMA_READ:
+        raddr = _RADDR.unpack_from(buf, o + 16)[0]
+        nbytes = 0
+        for k in range(2, ds):
+            nbytes += _DSEG_BC.unpack_from(buf, o + 16 * k)[0]
+    else:  # atomics
+        raddr = _RADDR.unpack_from(buf, o + 16)[0]
+        if opcode == W.ATOMIC_MASKED_FA:
+            effect = ("add", raddr, _U32.unpack_from(buf, o + 32)[0], 0)
+            nbytes = _DSEG_BC.unpack_from(buf, o + 48)[0]
+        elif opcode == W.ATOMIC_MASKED_CS:
+            swap, cmp_ = _ATOM.unpack_from(buf, o + 32)
+            cmp_mask = _ATOM.unpack_from(buf, o + 48)[1]
+            effect = ("set", raddr, swap, 0) if cmp_mask == 0 else ("cas", raddr, swap, cmp_)
+            nbytes = _DSEG_BC.unpack_from(buf, o + 64)[0]
+        else:
+            swap, cmp_ = _ATOM.unpack_from(buf, o + 32)
+            effect = ("add", raddr, swap, 0) if opcode == W.ATOMIC_FA else ("cas", raddr, swap, cmp_)
+            nbytes = _DSEG_BC.unpack_from(buf, o + 48)[0]
+    return opcode, nw, fm, nbytes, raddr, effect
+
+
 def at(env, t, fn):
     """Call fn(event) at absolute simulated time t: one SimPy event, nothing else."""
     ev = Event(env)
@@ -83,11 +152,18 @@ class SendQueue:
         self.nic_pi = start_index      # NIC: producer index it was told
         self.cons_idx = start_index    # GPU: WQEBBs known completed (from the CQ)
         self.dbr = bytearray(8)        # doorbell record: RQ counter @0, SQ counter @4 (BE32)
+        # decoded[slot] = (full index, what the NIC decodes from the WQE bytes written there):
+        # written together with the bytes, so it is valid exactly as long as the bytes are
+        self.decoded = [None] * depth
 
     def write_op(self, index, op, qpn, rkey, lkey, fm):
         """GPU stores of WQE `op` starting at WQEBB `index` (wraps to slot 0)."""
         off = (index & self.mask) * W.WQEBB
         nw = op[2]
+        dec = self.decoded
+        dec[index & self.mask] = (index, decode_op(op, fm))
+        for k in range(1, nw):
+            dec[(index + k) & self.mask] = None    # continuation WQEBBs start no WQE
         if off + nw * W.WQEBB <= len(self.ring):
             W.encode_into(self.ring, off, op, index, qpn, rkey, lkey, fm)
         else:   # a multi-WQEBB WQE in the last slot continues at slot 0
@@ -251,6 +327,8 @@ class UarPage:
 
 
 class Nic:
+    CHECK_BYTES = False     # tests: decode every WQE from the ring bytes too and compare
+
     def __init__(self, env, cluster, node, index, name, guid, port):
         self.env = env
         self.cluster = cluster
@@ -295,7 +373,6 @@ class Nic:
         t_fetch = (t0 if t0 > free else free) + t.nic_fetch_ns + delta * t.nic_fetch_ns_per_wqebb
         # per-WQE execution in closed form (see the module docstring)
         c = self.cluster
-        fab = self.fabric
         peer = qp.peer
         src, dst = self.port, peer.nic.port
         remote_mem = peer.pe.mem
@@ -304,60 +381,68 @@ class Nic:
         exec_ns, cqe_ns = t.nic_exec_ns, t.cqe_write_ns
         last_cqe = qp.last_cqe_t
         moved = 0
+        decoded = sq.decoded
+        check = self.CHECK_BYTES
+        hop = t.loopback_ns if src is dst else 2 * t.link_latency_ns + t.switch_latency_ns
+        hdr, bw = t.header_bytes, t.link_bw
         i = start
         while i < new:
-            off = (i & mask) << 6
-            a, b = _CTRL2.unpack_from(ring, off)
-            ds = b & 0x3F
-            nw = (ds + 3) >> 2 or 1
-            if off + (nw << 6) > ringlen:   # WQE wraps: read it contiguously
-                buf, o = sq.read(i, nw), 0
+            # what the NIC finds in the ring: the decoded WQE when the slot still holds the one the
+            # GPU wrote for index i (it must: a slot is reused only after its CQE), else the bytes
+            slot = decoded[i & mask]
+            if slot is not None and slot[0] == i and not check:
+                opcode, nw, fm, nbytes, raddr, effect = slot[1]
             else:
-                buf, o = ring, off
-            opcode = a & 0xFF
-            fm = buf[o + 11]
+                off = (i & mask) << 6
+                nw = ((ring[off + 7] & 0x3F) + 3) >> 2 or 1
+                if off + (nw << 6) > ringlen:   # WQE wraps: read it contiguously
+                    found = decode_bytes(sq.read(i, nw), 0)
+                else:
+                    found = decode_bytes(ring, off)
+                if check and slot is not None and slot[0] == i:
+                    assert slot[1] == found, (slot[1], found)
+                opcode, nw, fm, nbytes, raddr, effect = found
             s = t_fetch if t_fetch > self.free_at else self.free_at
             self.free_at = s + exec_ns
-            effect = None
-            if opcode == W.RDMA_WRITE or opcode == W.RDMA_WRITE_IMM or opcode == W.SEND:
-                raddr, rkey = _RADDR.unpack_from(buf, o + 16) if opcode != W.SEND else (0, 0)
-                bc = _DSEG_BC.unpack_from(buf, o + 32)[0]
-                if bc & W.INLINE_SEG:      # inline payload: a flag / signal word
-                    nbytes = bc & 0x7FFFFFFF
-                    if opcode != W.SEND:
-                        effect = ("set", raddr, int.from_bytes(buf[o + 36:o + 36 + nbytes], "little"), 0)
-                else:
-                    nbytes = bc
-                    for k in range(3, ds):
-                        nbytes += _DSEG_BC.unpack_from(buf, o + 16 * k)[0]
-                t_arr = fab.send(src, dst, nbytes, s)
+            # fabric (fabric.Fabric.send, inlined): request/data out, ACK/response back
+            if opcode == W.RDMA_READ:
+                out_b, t_ready = 16, s
+            elif opcode >= W.ATOMIC_CS:
+                out_b, t_ready = 28, s
+            else:
+                out_b, t_ready = nbytes, s
+            wire = out_b + hdr
+            ser = wire / bw
+            st = t_ready if t_ready > src.tx_free else src.tx_free
+            src.tx_free = st + ser
+            src.tx_bytes += wire
+            e1 = st + hop + ser
+            e2 = dst.rx_free + ser
+            t_arr = e1 if e1 > e2 else e2
+            dst.rx_free = t_arr
+            dst.rx_bytes += wire
+            if opcode == W.RDMA_READ:
+                t_remote = t_arr + t.nic_pcie_read_ns
+                back = nbytes
+            elif opcode >= W.ATOMIC_CS:
+                t_remote = t_arr + t.nic_atomic_ns
+                back = nbytes
+            else:
                 t_remote = t_arr + t.nic_pcie_write_ns
-                t_done = fab.send(dst, src, 0, t_arr)           # ACK
-            elif opcode == W.RDMA_READ:
-                raddr, rkey = _RADDR.unpack_from(buf, o + 16)
-                nbytes = 0
-                for k in range(2, ds):
-                    nbytes += _DSEG_BC.unpack_from(buf, o + 16 * k)[0]
-                t_req = fab.send(src, dst, 16, s)
-                t_remote = t_req + t.nic_pcie_read_ns
-                t_done = fab.send(dst, src, nbytes, t_remote) + t.nic_pcie_write_ns
-            else:  # atomics
-                raddr, rkey = _RADDR.unpack_from(buf, o + 16)
-                if opcode == W.ATOMIC_MASKED_FA:
-                    effect = ("add", raddr, _U32.unpack_from(buf, o + 32)[0], 0)
-                    nbytes = _DSEG_BC.unpack_from(buf, o + 48)[0]
-                elif opcode == W.ATOMIC_MASKED_CS:
-                    swap, cmp_ = _ATOM.unpack_from(buf, o + 32)
-                    cmp_mask = _ATOM.unpack_from(buf, o + 48)[1]
-                    effect = ("set", raddr, swap, 0) if cmp_mask == 0 else ("cas", raddr, swap, cmp_)
-                    nbytes = _DSEG_BC.unpack_from(buf, o + 64)[0]
-                else:
-                    swap, cmp_ = _ATOM.unpack_from(buf, o + 32)
-                    effect = ("add", raddr, swap, 0) if opcode == W.ATOMIC_FA else ("cas", raddr, swap, cmp_)
-                    nbytes = _DSEG_BC.unpack_from(buf, o + 48)[0]
-                t_req = fab.send(src, dst, 28, s)
-                t_remote = t_req + t.nic_atomic_ns
-                t_done = fab.send(dst, src, nbytes, t_remote) + t.nic_pcie_write_ns
+                back = 0
+            t_ready = t_arr if back == 0 and opcode < W.RDMA_READ else t_remote
+            wire = back + hdr
+            ser = wire / bw
+            st = t_ready if t_ready > dst.tx_free else dst.tx_free
+            dst.tx_free = st + ser
+            dst.tx_bytes += wire
+            e1 = st + hop + ser
+            e2 = src.rx_free + ser
+            t_done = e1 if e1 > e2 else e2
+            src.rx_free = t_done
+            src.rx_bytes += wire
+            if opcode >= W.RDMA_READ:
+                t_done = t_done + t.nic_pcie_write_ns
             t_cqe = t_done + cqe_ns
             if t_cqe < last_cqe:
                 t_cqe = last_cqe

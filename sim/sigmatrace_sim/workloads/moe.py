@@ -65,16 +65,19 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=1, skew=0.0, tokens=48, 
         n_tok = np.maximum(1, np.round(load * tokens * P)).astype(int)
         per_src = []
         for r in range(P):
-            cnt = np.zeros(P, int)
-            for _ in range(n_tok[r]):
-                ex = rng.choice(experts, size=topk, replace=False, p=popularity)
-                for d in np.unique(ex // per_rank):
-                    cnt[d] += 1
-            per_src.append(cnt)
+            n = int(n_tok[r])
+            # top-k experts per token, drawn without replacement with probability ~ popularity
+            # (Gumbel top-k: the k largest log p + Gumbel noise are such a draw)
+            keys = np.log(popularity)[None, :] - np.log(-np.log(rng.random((n, experts))))
+            ex = np.argpartition(-keys, topk - 1, axis=1)[:, :topk]
+            hit = np.zeros((n, P), bool)
+            hit[np.arange(n)[:, None], ex // per_rank] = True      # each token goes once to each rank
+            per_src.append(hit.sum(axis=0))
         routing.append(np.array(per_src))
 
     def kernel(pe):
         r = pe.rank
+        expect = expect_c = 0          # the counters accumulate over layers
         for layer, R in enumerate(routing):
             pe.phase = layer
             # notify: token counts to every peer
@@ -99,8 +102,8 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=1, skew=0.0, tokens=48, 
             for s in range(P):
                 if s != r:
                     yield from pe.wait_until(pe.base + COUNT_OFF + 8 * s, 1)
-            expect = int(sum(R[s, r] for s in range(P) if s != r)) * (layer + 1)
-            yield from pe.wait_until(pe.base + DISPATCH_CNT, expect - 0)
+            expect += int(sum(R[s, r] for s in range(P) if s != r))
+            yield from pe.wait_until(pe.base + DISPATCH_CNT, expect)
             # experts compute on every received token (and the rank's own tokens)
             recv = int(R[:, r].sum())
             yield env.timeout(recv * min(topk, per_rank) * expert_ns_per_token / 4)
@@ -119,7 +122,7 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=1, skew=0.0, tokens=48, 
                 ops.append(pe.fetch_add(s, COMBINE_CNT, n, tag=TAG_COMBINE_SIG))
                 for k0 in range(0, len(ops), 16):
                     yield from pe.post(s, ops[k0:k0 + 16])
-            expect_c = int(sum(R[r, d] for d in range(P) if d != r)) * (layer + 1)
+            expect_c += int(sum(R[r, d] for d in range(P) if d != r))
             yield from pe.wait_until(pe.base + COMBINE_CNT, expect_c)
             yield from pe.quiet()
 
