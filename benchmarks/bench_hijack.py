@@ -1,8 +1,10 @@
 """Doorbell hijack overhead: baseline / forward-only / blocking recovery (paper) /
-non-blocking recovery (F24c, default).
+non-blocking recovery (F24c) / guarded non-blocking recovery (default).
 
   python benchmarks/bench_hijack.py            # emulated path (CPU "GPU" + emulated driver/HCA)
   python benchmarks/bench_hijack.py --gpu      # real GPU kernels, %globaltimer per op (>= 5,000 iters)
+  python benchmarks/bench_hijack.py --stress   # WQE losses and doorbells/s per recovery mode (emulated
+                                               # stress: 4 threads x 25,000 ops, depth 128; docs/hijack.md)
   pytest benchmarks/bench_hijack.py            # the emulated comparison as a test
 
 The emulated NIC (a CPU thread) sets the baseline in both cases: absolute
@@ -23,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-MODES = ["baseline", "forward", "blocking", "nonblocking"]
+MODES = ["baseline", "forward", "blocking", "nonblocking", "guarded"]
 
 
 def _base():
@@ -96,6 +98,36 @@ def gpu(iters=5000, warmup=1000):
     return out
 
 
+STRESS_MODES = ["untraced", "nonblocking", "guarded", "blocking", "sync"]
+
+
+def stress(reps=5, modes=STRESS_MODES, guard=None):
+    """Per mode: WQEBBs lost (of 100,000), doorbells rung per second, doorbells held by the guard."""
+    import test_hijack_emu as T
+    out = {}
+    for mode in modes:
+        runs = []
+        for _ in range(reps):
+            tmp = Path(tempfile.mkdtemp(prefix=f"stress-{mode}"))
+            extra = {"SIGMATRACE_HIJACK_GUARD": str(guard)} if guard else {}
+            traced = mode != "untraced"
+            stdout, cap, gt = T.run_client(tmp, ["--mode", "stress", "--threads", "4", "--ops", "100000",
+                                                 "--depth", "128"], mode=mode if traced else "nonblocking",
+                                           traced=traced, env_extra=extra, timeout=300)
+            st = dict(kv.split("=") for kv in next(l for l in stdout.splitlines() if l.startswith("STATS")).split()[1:])
+            lost = held = 0
+            if traced:
+                _, wqes_gt = T.ground_truth(gt)
+                _, lost = T.check_recovery(cap, wqes_gt, allow_lost=True)
+                held = sum(j.get("guard_waits", 0) for j in T.poller_summaries(cap))
+            runs.append({"lost": lost, "doorbells_per_s": int(st["doorbells"]) / float(st["seconds"]), "held": held})
+        out[mode] = {"runs": runs, "lost_median": statistics.median(r["lost"] for r in runs),
+                     "lost_max": max(r["lost"] for r in runs),
+                     "doorbells_per_s_median": statistics.median(r["doorbells_per_s"] for r in runs),
+                     "held_median": statistics.median(r["held"] for r in runs)}
+    return {"path": "emulated stress", "guard_pct": guard or 10, "reps": reps, "modes": out}
+
+
 def test_emulated_doorbell_forwarding():
     r = emulated(ops=2000, reps=1)
     print(json.dumps(r, indent=1))
@@ -107,9 +139,12 @@ def main():
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--iters", type=int, default=5000)
     ap.add_argument("--ops", type=int, default=3000)
+    ap.add_argument("--stress", action="store_true")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--guard", type=int, default=None, help="SIGMATRACE_HIJACK_GUARD for --stress")
     ap.add_argument("--out")
     a = ap.parse_args()
-    r = gpu(a.iters) if a.gpu else emulated(a.ops)
+    r = gpu(a.iters) if a.gpu else stress(a.reps, guard=a.guard) if a.stress else emulated(a.ops)
     s = json.dumps(r, indent=1)
     print(s)
     if a.out:

@@ -3,9 +3,10 @@
 Search order:
   1. $SIGMATRACE_LIB_DIR                 (explicit override)
   2. <installed package>/_lib            (what `pip install .` puts there)
-  3. the installed distribution's _lib     (when tests import the source tree
+  3. <source checkout>/build/dev         (a developer's `cmake -S native -B build/dev`,
+                                           newer than any installed copy when present)
+  4. the installed distribution's _lib     (when tests import the source tree
                                            but `pip install .` built the native part)
-  4. <source checkout>/build/dev         (a developer's `cmake -S native -B build/dev`)
 """
 import json
 import os
@@ -20,10 +21,10 @@ def candidate_dirs():
     if env:
         yield Path(env)
     yield PACKAGE_DIR / "_lib"
+    yield SOURCE_ROOT / "build" / "dev"
     installed = _installed_lib_dir()
     if installed is not None:
         yield installed
-    yield SOURCE_ROOT / "build" / "dev"
 
 
 def _installed_lib_dir():

@@ -52,3 +52,19 @@ def test_doctor_reports_build_and_machine():
                                            "spin with pause and bounded back-off")
     text = sigmatrace("doctor")
     assert text.returncode == 0 and "doorbell poller" in text.stdout
+
+
+def test_doctor_reports_hijack_build_and_poller_settings():
+    import os
+    env = dict(os.environ, SIGMATRACE_POLLER_CPUS="0,0-1", SIGMATRACE_POLLER_SPIN_US="-1")
+    r = subprocess.run([sys.executable, "-m", "sigmatrace", "doctor"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "GPU hijack" in r.stdout
+    assert "SIGMATRACE_POLLER_SPIN_US=-1 -> spin forever" in r.stdout
+    assert "SIGMATRACE_POLLER_CPUS=0,0-1 -> pollers pinned round-robin to cpu 0,0,1" in r.stdout
+    j = json.loads(subprocess.run([sys.executable, "-m", "sigmatrace", "doctor", "--json"], capture_output=True,
+                                  text=True, env=env, timeout=120).stdout)
+    h = j["hijack"]
+    assert h["cuda_provider"] == ("cuda" in (j["build"] or {}).get("providers", []))
+    assert h["poller_cpus"] == [0, 0, 1] and h["spin_us"] == -1

@@ -9,3 +9,14 @@ if(ST_HAVE_VERBS AND ST_HAVE_MLX5DV AND EXISTS ${CMAKE_CURRENT_LIST_DIR}/../emu/
     BUILD_RPATH "" SKIP_BUILD_RPATH ON)
   install(TARGETS hijack_client RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
 endif()
+
+# Fork safety of the hijack: needs only the emulated CUDA driver.
+if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda/emucuda.c AND TARGET st_emu_cuda)
+  add_executable(hijack_fork ${CMAKE_CURRENT_LIST_DIR}/hijack_fork.c)
+  target_include_directories(hijack_fork PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda)
+  target_link_libraries(hijack_fork PRIVATE st_emu_cuda)
+  set_target_properties(hijack_fork PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+    BUILD_RPATH "" SKIP_BUILD_RPATH ON)
+  install(TARGETS hijack_fork RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
+endif()

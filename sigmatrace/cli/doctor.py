@@ -3,6 +3,7 @@ import ctypes.util
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -68,6 +69,74 @@ def cpu_features():
     return feats
 
 
+HIJACK_MODES = ("off", "forward", "blocking", "nonblocking", "sync", "guarded")
+HIJACK_DEFAULT_MODE = "guarded"
+POLLER_ENV = ("SIGMATRACE_HIJACK_MODE", "SIGMATRACE_HIJACK_GUARD", "SIGMATRACE_POLLER_CPUS",
+              "SIGMATRACE_POLLER_SPIN_US", "SIGMATRACE_POLLER_MAX_SLEEP_US", "SIGMATRACE_POLLER_WAIT")
+
+
+def _c_atoi(v):
+    """C atoi(): leading integer, else 0 (how native/src/hijack reads these variables)."""
+    m = re.match(r"\s*([+-]?\d+)", v or "")
+    return int(m.group(1)) if m else 0
+
+
+def poller_cpus(value):
+    """SIGMATRACE_POLLER_CPUS as the hijack parses it: 'a,b' and 'a-b' items, at most 64 cpus."""
+    cpus = []
+    for item in value.split(","):
+        m = re.match(r"\s*(-?\d+)(?:-(-?\d+))?", item)
+        if not m:
+            continue
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) is not None else a
+        for c in range(a, b + 1):
+            if len(cpus) < 64:
+                cpus.append(c)
+    return cpus[:64]
+
+
+def hijack_info(build, cpu):
+    """Whether the tracer can hijack GPU doorbells, and the poller settings it would use."""
+    provs = set((build or {}).get("providers", []))
+    if "cuda" in provs and "mlx5" in provs:
+        built = "yes (cuda + mlx5 providers)"
+    elif "cuda" in provs:
+        built = "partial (cuda provider without mlx5: doorbells found only from IOMEMORY registrations, no WQE recovery)"
+    else:
+        built = "no (the tracer was built without the cuda provider)"
+    env = {k: os.environ[k] for k in POLLER_ENV if k in os.environ}
+    asked = env.get("SIGMATRACE_HIJACK_MODE") or HIJACK_DEFAULT_MODE
+    mode, note = asked, ""
+    if asked in ("0", "none") or os.environ.get("SIGMATRACE_HIJACK") == "0":
+        mode = "off"
+    elif asked not in HIJACK_MODES:
+        mode, note = HIJACK_DEFAULT_MODE, f"unknown SIGMATRACE_HIJACK_MODE={asked!r}, default used"
+    info = {"built": built, "cuda_provider": "cuda" in provs, "mlx5_provider": "mlx5" in provs, "mode": mode,
+            "mode_note": note, "env": env}
+    g = _c_atoi(env.get("SIGMATRACE_HIJACK_GUARD", "10"))
+    info["guard_pct"] = g if 1 <= g <= 100 else 10
+    wait = cpu["doorbell_wait"]
+    if env.get("SIGMATRACE_POLLER_WAIT") == "spin":
+        wait = "spin with pause and bounded back-off (forced by SIGMATRACE_POLLER_WAIT=spin)"
+    info["wait"] = wait
+    if "SIGMATRACE_POLLER_SPIN_US" in env and env["SIGMATRACE_POLLER_SPIN_US"]:
+        info["spin_us"] = _c_atoi(env["SIGMATRACE_POLLER_SPIN_US"])
+    else:
+        info["spin_us"] = 50
+    ms = _c_atoi(env.get("SIGMATRACE_POLLER_MAX_SLEEP_US", ""))
+    info["max_sleep_us"] = ms if ms > 0 else 50
+    if "SIGMATRACE_POLLER_CPUS" in env:
+        cpus = poller_cpus(env["SIGMATRACE_POLLER_CPUS"])
+        info["poller_cpus"] = cpus
+        try:
+            allowed = os.sched_getaffinity(0)
+        except (AttributeError, OSError):
+            allowed = set(range(os.cpu_count() or 1))
+        info["poller_cpus_unusable"] = [c for c in cpus if c not in allowed]
+    return info
+
+
 def gpus():
     out = []
     smi = shutil.which("nvidia-smi")
@@ -93,15 +162,28 @@ def rdma_devices():
     return devs
 
 
+def _build_info(lib):
+    """build_info.json next to the tracer library that `sigmatrace run` would preload."""
+    if lib is not None and (lib.parent / "build_info.json").is_file():
+        try:
+            return json.loads((lib.parent / "build_info.json").read_text())
+        except (OSError, ValueError):
+            return None
+    return _native.build_info()
+
+
 def collect():
     lib = _native.tracer_library()
+    build = _build_info(lib)
+    cpu = cpu_features()
     return {
         "version": __version__,
         "tracer_library": str(lib) if lib else None,
-        "build": _native.build_info(),
+        "build": build,
+        "hijack": hijack_info(build, cpu),
         "emulated_hca": str(_native.find("libibverbs.so.1") or "") or None,
         "libraries": libraries(),
-        "cpu": cpu_features(),
+        "cpu": cpu,
         "machine": platform.machine(),
         "kernel": platform.release(),
         "gpus": gpus(),
@@ -128,6 +210,27 @@ def run(args):
     print(f"  cpu            : {info['machine']}, " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in c.items()
                                                         if isinstance(v, bool)))
     print(f"  doorbell poller: {c['doorbell_wait']}")
+    h = info["hijack"]
+    print(f"  GPU hijack     : {h['built']}")
+    if h["env"]:
+        print(f"    mode         : {h['mode']}" + (f" (guard {h['guard_pct']}% of the SQ)" if h["mode"] == "guarded" else "")
+              + (f" [{h['mode_note']}]" if h["mode_note"] else ""))
+        print(f"    poller wait  : {h['wait']}")
+        if "SIGMATRACE_POLLER_SPIN_US" in h["env"]:
+            sp = h["spin_us"]
+            what = "spin forever (dedicated cores)" if sp < 0 else f"spin {sp} us after activity, then wait/back off"
+            print(f"    poller spin  : SIGMATRACE_POLLER_SPIN_US={h['env']['SIGMATRACE_POLLER_SPIN_US']} -> {what}")
+        if "SIGMATRACE_POLLER_MAX_SLEEP_US" in h["env"]:
+            print(f"    back-off cap : SIGMATRACE_POLLER_MAX_SLEEP_US={h['env']['SIGMATRACE_POLLER_MAX_SLEEP_US']} "
+                  f"-> {h['max_sleep_us']} us")
+        if "poller_cpus" in h:
+            cp = h["poller_cpus"]
+            txt = ("pollers pinned round-robin to cpu " + ",".join(map(str, cp))) if cp else \
+                "no valid cpu: pollers not pinned"
+            if h["poller_cpus_unusable"]:
+                txt += f" (cpu {','.join(map(str, h['poller_cpus_unusable']))} not available to this process: " \
+                       "those pollers run unpinned)"
+            print(f"    poller cpus  : SIGMATRACE_POLLER_CPUS={h['env']['SIGMATRACE_POLLER_CPUS']} -> {txt}")
     print(f"  GPUs           : {', '.join(g['name'] for g in info['gpus']) or 'none'}")
     print(f"  RDMA devices   : {', '.join(d['name'] for d in info['rdma_devices']) or 'none'}")
     print(f"  PTP clocks     : {', '.join(info['ptp_clocks']) or 'none'}")

@@ -34,8 +34,8 @@
 #define PAGE_SZ 4096u
 
 /* ---- configuration ------------------------------------------------------ */
-enum hj_mode { HJ_OFF = 0, HJ_FORWARD, HJ_BLOCKING, HJ_NONBLOCKING, HJ_SYNC };
-static const char *const mode_names[] = {"off", "forward", "blocking", "nonblocking", "sync"};
+enum hj_mode { HJ_OFF = 0, HJ_FORWARD, HJ_BLOCKING, HJ_NONBLOCKING, HJ_SYNC, HJ_GUARDED, HJ_NMODES };
+static const char *const mode_names[] = {"off", "forward", "blocking", "nonblocking", "sync", "guarded"};
 
 static struct {
 	int loaded;
@@ -43,6 +43,7 @@ static struct {
 	int spin_us;          /* busy-spin budget after activity; <0: spin forever */
 	int max_sleep_us;     /* back-off cap */
 	int double_copy;      /* copy twice and compare (torn-slot detection) */
+	int guard_pct;        /* guarded: wait when the uncopied span reaches this % of the SQ */
 	uint32_t stage_wqebb; /* staging ring per poller */
 	int cpus[64];
 	int ncpus;
@@ -55,10 +56,10 @@ static void cfg_load(void)
 {
 	if (cfg.loaded)
 		return;
-	cfg.mode = HJ_NONBLOCKING;
+	cfg.mode = HJ_GUARDED;
 	const char *v = getenv("SIGMATRACE_HIJACK_MODE");
 	if (v && *v) {
-		for (int i = 0; i < 5; i++)
+		for (int i = 0; i < HJ_NMODES; i++)
 			if (!strcmp(v, mode_names[i]))
 				cfg.mode = i;
 		if (!strcmp(v, "0") || !strcmp(v, "none"))
@@ -79,6 +80,10 @@ static void cfg_load(void)
 	v = getenv("SIGMATRACE_HIJACK_DOUBLE_COPY");
 	if (v && *v)
 		cfg.double_copy = atoi(v) != 0;
+	cfg.guard_pct = 10;
+	v = getenv("SIGMATRACE_HIJACK_GUARD");
+	if (v && atoi(v) >= 1 && atoi(v) <= 100)
+		cfg.guard_pct = atoi(v);
 	cfg.stage_wqebb = 16384;
 	v = getenv("SIGMATRACE_HIJACK_STAGE_WQEBB");
 	if (v && atoi(v) >= 256)
@@ -314,6 +319,9 @@ struct qpstate {
 	int gpu;
 	uint32_t log_sq;
 	uint64_t doorbells, wqebb_ok, wqebb_lost, wqe_ok;
+	uint32_t npend;       /* copied ranges of this QP not parsed yet */
+	uint32_t pend_oldest; /* producer counter of the oldest of them */
+	uint64_t guard_waits; /* guarded mode: doorbells held until the copies landed */
 };
 
 struct pend { /* one doorbell's copied range, waiting for its batch */
@@ -358,7 +366,7 @@ struct page {
 	uint32_t pend_head, pend_tail;   /* ring indexes (mod MAX_PEND) */
 	uint32_t batch_open, batch_done; /* batches: open id, completed up to */
 	uint32_t batch_wqebb;            /* WQEBBs in the open batch */
-	uint64_t unknown_qp, copies, sync_waits;
+	uint64_t unknown_qp, copies, sync_waits, guard_waits;
 	uint64_t fwd_ns_sum;
 };
 
@@ -487,6 +495,8 @@ static void drain(struct page *pg, int wait)
 			}
 		}
 		parse_pend(pg, p);
+		if (p->qs->npend && --p->qs->npend)
+			p->qs->pend_oldest = p->first + p->cnt; /* its next range starts here (or later) */
 		pg->stage_tail = p->stage + p->cnt * (cfg.double_copy ? 2 : 1);
 		pg->pend_tail++;
 		if (pg->pend_tail == pg->pend_head)
@@ -559,6 +569,8 @@ static void issue_copy(struct page *pg, struct qpstate *s, uint32_t first, uint3
 	}
 	struct pend *p = &pg->pend[pg->pend_head % MAX_PEND];
 	*p = (struct pend){s, first, cnt, off, pg->batch_open, 0};
+	if (!s->npend++)
+		s->pend_oldest = first;
 	uint32_t s0 = first & (n - 1);
 	uint32_t c1 = cnt < n - s0 ? cnt : n - s0, c2 = cnt - c1; /* wrap-around: two pieces */
 	for (int k = 0; k < copies; k++) {
@@ -580,6 +592,13 @@ static void issue_copy(struct page *pg, struct qpstate *s, uint32_t first, uint3
 	pg->copies++;
 	pg->pend_head++;
 	pg->batch_wqebb += cnt;
+}
+
+/* guarded mode: the uncopied span (WQEBBs) at which a doorbell waits for the copies */
+static inline uint32_t guard_wqebb(const struct qpstate *s)
+{
+	uint32_t g = (uint32_t)(((uint64_t)cfg.guard_pct << s->log_sq) / 100);
+	return g ? g : 1;
 }
 
 /* A new doorbell value v at watched offset k. */
@@ -619,6 +638,26 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 			drain(pg, 1);
 		}
 	}
+	int held = 0;
+	if (recover && mode == HJ_GUARDED) {
+		/* Forward first, as nonblocking, unless the WQEBBs announced but not
+		 * yet copied span a large part of the SQ: only then can the
+		 * application lap the ring before the copy lands (a slot is reused
+		 * n WQEBBs later).  Then copy this range too and wait for all of it
+		 * before the NIC (and with it the application) may go on. */
+		uint32_t from = s->npend ? s->pend_oldest : first;
+		uint32_t span = first + delta - from;
+		if (span > (2u << s->log_sq))
+			span = delta; /* stale bookkeeping (QP recreated): this range only */
+		if (span >= guard_wqebb(s)) {
+			issue_copy(pg, s, first, delta);
+			close_batch(pg);
+			drain(pg, 1);
+			s->guard_waits++;
+			pg->guard_waits++;
+			held = 1;
+		}
+	}
 	/* forward the exact value: one 64-bit store, then flush it out */
 	*real = v;
 	store_fence();
@@ -640,6 +679,14 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 		if (pg->batch_wqebb >= st_cfg.batch_threshold)
 			close_batch(pg);
 		drain(pg, 0);
+	} else if (recover && mode == HJ_GUARDED && !held) {
+		issue_copy(pg, s, first, delta);
+		/* close batches early enough that completions are known well before
+		 * the span reaches the guard */
+		uint32_t g = guard_wqebb(s) / 2;
+		if (pg->batch_wqebb >= st_cfg.batch_threshold || pg->batch_wqebb >= (g ? g : 1))
+			close_batch(pg);
+		drain(pg, 0);
 	}
 }
 
@@ -652,6 +699,7 @@ static void poller_setup_cuda(struct page *pg)
 		pg->stage = NULL;
 		return;
 	}
+	madvise(pg->stage, bytes, MADV_DONTFORK); /* pinned: a fork must not make it copy-on-write */
 	if (!d || !pg->cuctx || cfg.mode == HJ_FORWARD)
 		return;
 	if (d->CtxSetCurrent(pg->cuctx) != 0)
@@ -736,6 +784,8 @@ static void *poller(void *arg)
 		st_json_uint(&j, "batch_threshold", st_cfg.batch_threshold);
 		st_json_bool(&j, "async_copy", pg->stream != NULL);
 		st_json_bool(&j, "double_copy", cfg.double_copy);
+		if (cfg.mode == HJ_GUARDED)
+			st_json_uint(&j, "guard_pct", (uint64_t)cfg.guard_pct);
 		st_json_close(&j, '}');
 		uint64_t id = st_side_json(buf, j.len);
 		st_ev(ST_EV_DB_HIJACK_INSTALL, (uint16_t)pg->gpu, pg->page_id, id);
@@ -756,7 +806,7 @@ static void *poller(void *arg)
 		}
 		/* idle: finish completed copies first (never blocks) */
 		if (pg->pend_head != pg->pend_tail) {
-			if (pg->batch_wqebb && cfg.mode == HJ_NONBLOCKING)
+			if (pg->batch_wqebb && (cfg.mode == HJ_NONBLOCKING || cfg.mode == HJ_GUARDED))
 				close_batch(pg);
 			drain(pg, 0);
 		}
@@ -805,6 +855,7 @@ static void *poller(void *arg)
 		st_json_uint(&j, "unknown_qp_doorbells", pg->unknown_qp);
 		st_json_uint(&j, "copies", pg->copies);
 		st_json_uint(&j, "sync_waits", pg->sync_waits);
+		st_json_uint(&j, "guard_waits", pg->guard_waits);
 		st_json_close(&j, '}');
 		st_side_json(buf, j.len);
 	}
@@ -903,12 +954,51 @@ uint64_t st_hijack_proxy_of_real(uint64_t d)
 	return d;
 }
 
+/* ---- fork ----------------------------------------------------------------------------
+ * Pollers are threads: a forked child has none.  Its copy of the page table
+ * must not make it believe otherwise: it would hand out the parent's proxy
+ * pointer (a phantom poller nobody runs), or, at exit, join threads that do
+ * not exist and unregister the parent's proxy pages with the driver.  The
+ * child forgets every page (the proxy and staging mappings are MADV_DONTFORK:
+ * not mapped in the child at all); what it learned about UARs, umems, QPs
+ * and registrations stays (that memory is the child's too), so a child that
+ * uses the driver itself gets pollers of its own. */
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&lock); /* the table is consistent when copied */
+}
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&lock);
+}
+static void fork_child(void)
+{
+	pthread_mutex_init(&lock, NULL);
+	for (int i = 0; i < MAX_PAGES; i++) {
+		struct page *pg = &pages[i];
+		if (!pg->live && !pg->proxy && !pg->thr_started)
+			continue; /* untouched slot: do not dirty its copy-on-write pages */
+		pg->live = 0;
+		pg->thr_started = 0;
+		pg->proxy = NULL; /* not mapped here (MADV_DONTFORK); never unmapped or unregistered by the child */
+		pg->proxy_dev = pg->real_dev = 0;
+		pg->stage = NULL;
+		pg->stream = NULL;
+	}
+}
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void fork_register(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
 uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 {
 	*hijacked = 0;
 	cfg_load();
 	if (cfg.mode == HJ_OFF)
 		return real_dptr;
+	pthread_once(&fork_once, fork_register); /* before the first poller; outside the lock */
 	uintptr_t a = (uintptr_t)p, pgaddr = a & ~(uintptr_t)(PAGE_SZ - 1);
 	const struct st_cudrv *d = drv();
 	if (!d || !d->MemHostRegister || !d->MemHostGetDevicePointer)
@@ -965,6 +1055,12 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 		pthread_mutex_unlock(&lock);
 		return real_dptr;
 	}
+	/* The GPU writes this page through its pinned mapping: after a fork a
+	 * copy-on-write fault in the parent would move the parent's virtual page
+	 * away from the physical page the GPU writes (the classic RDMA fork
+	 * problem).  Not inherited, it stays the parent's alone, and a child
+	 * cannot write into it. */
+	madvise(pg->proxy, PAGE_SZ, MADV_DONTFORK);
 	st_CUdeviceptr pd = 0;
 	if (d->MemHostRegister(pg->proxy, PAGE_SZ, ST_CU_MEMHOSTREGISTER_PORTABLE | ST_CU_MEMHOSTREGISTER_DEVICEMAP) ||
 	    d->MemHostGetDevicePointer(&pd, pg->proxy, 0) || !pd) {
