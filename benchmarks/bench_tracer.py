@@ -13,7 +13,9 @@
   (the same path simple mode uses for every operation it records).
   Goals: simple <= 15 ns, aggregate <= 5 ns.
 * fi_pingpong (tcp, msg endpoints) latency at 8 B and bandwidth at 1 MiB,
-  traced (simple, full) / untraced; ucx_perftest (tcp) likewise.
+  traced (simple, full) / untraced; ucx_perftest (tcp) likewise.  Untraced,
+  simple and full runs are interleaved, REPS times each; ratios are of the
+  medians, and every sample is kept in extra_info.
 * Bytes per event on disk in simple mode: marginal file growth per recorded
   event between a short and a long fi_pingpong run (fixed headers excluded),
   and whole-file bytes per event of the long run.
@@ -27,6 +29,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from statistics import median
 
 import pytest
 
@@ -42,6 +45,14 @@ FI_PINGPONG = shutil.which("fi_pingpong")
 PERFTEST = shutil.which("ucx_perftest")
 needs = pytest.mark.skipif(LIB is None or CC is None or FI_PINGPONG is None,
                            reason="needs libsigmatrace.so, a C compiler and libfabric-bin")
+
+
+REPS = int(os.environ.get("SIGMATRACE_BENCH_REPS", "5"))
+
+
+def _ratio(samples, mode):
+    """Median of the traced runs over the median of the untraced ones."""
+    return round(median(samples[mode]) / median(samples[None]), 4)
 
 
 def free_port():
@@ -109,18 +120,20 @@ def _pingpong(size, iters, mode=None, out=None):
 def test_pingpong_overhead(benchmark, tmp_path):
     lat = {None: [], "simple": [], "full": []}
     bw = {None: [], "simple": [], "full": []}
-    for rep in range(3):
+    for rep in range(REPS):
         for mode in lat:
             lat[mode].append(_pingpong(8, 5000, mode, tmp_path / f"l{rep}{mode}")[1])
-            bw[mode].append(_pingpong(1 << 20, 300, mode, tmp_path / f"b{rep}{mode}")[0])
+            bw[mode].append(_pingpong(1 << 20, 2000, mode, tmp_path / f"b{rep}{mode}")[0])
     benchmark.pedantic(_pingpong, args=(8, 1000, "simple", tmp_path / "bench"), rounds=1, iterations=1)
     info = {
-        "lat8_untraced_us": min(lat[None]),
-        "lat8_ratio_simple": round(min(lat["simple"]) / min(lat[None]), 4),
-        "lat8_ratio_full": round(min(lat["full"]) / min(lat[None]), 4),
-        "bw1m_untraced_MBps": max(bw[None]),
-        "bw1m_ratio_simple": round(max(bw["simple"]) / max(bw[None]), 4),
-        "bw1m_ratio_full": round(max(bw["full"]) / max(bw[None]), 4),
+        "lat8_untraced_us": median(lat[None]),
+        "lat8_ratio_simple": _ratio(lat, "simple"),
+        "lat8_ratio_full": _ratio(lat, "full"),
+        "bw1m_untraced_MBps": median(bw[None]),
+        "bw1m_ratio_simple": _ratio(bw, "simple"),
+        "bw1m_ratio_full": _ratio(bw, "full"),
+        "samples_lat8_us": {str(k): v for k, v in lat.items()},
+        "samples_bw1m_MBps": {str(k): v for k, v in bw.items()},
     }
     benchmark.extra_info.update(info)
     print("\nfi_pingpong tcp traced/untraced:", info)
@@ -144,17 +157,20 @@ def _perftest(test, size, iters, mode=None, out=None):
 def test_ucx_perftest_overhead(benchmark, tmp_path):
     lat = {None: [], "simple": [], "full": []}
     bw = {None: [], "simple": [], "full": []}
-    for rep in range(3):
+    for rep in range(REPS):
         for mode in lat:
             lat[mode].append(_perftest("tag_lat", 8, 5000, mode, tmp_path / f"l{rep}{mode}")[0])
-            bw[mode].append(_perftest("tag_bw", 1 << 20, 200, mode, tmp_path / f"b{rep}{mode}")[1])
+            bw[mode].append(_perftest("tag_bw", 1 << 20, 2000, mode, tmp_path / f"b{rep}{mode}")[1])
     benchmark.pedantic(_perftest, args=("tag_lat", 8, 1000, "simple", tmp_path / "bench"), rounds=1, iterations=1)
     info = {
-        "tag_lat8_untraced_us": min(lat[None]),
-        "tag_lat8_ratio_simple": round(min(lat["simple"]) / min(lat[None]), 4),
-        "tag_lat8_ratio_full": round(min(lat["full"]) / min(lat[None]), 4),
-        "tag_bw1m_ratio_simple": round(max(bw["simple"]) / max(bw[None]), 4),
-        "tag_bw1m_ratio_full": round(max(bw["full"]) / max(bw[None]), 4),
+        "tag_lat8_untraced_us": median(lat[None]),
+        "tag_lat8_ratio_simple": _ratio(lat, "simple"),
+        "tag_lat8_ratio_full": _ratio(lat, "full"),
+        "tag_bw1m_untraced_MBps": median(bw[None]),
+        "tag_bw1m_ratio_simple": _ratio(bw, "simple"),
+        "tag_bw1m_ratio_full": _ratio(bw, "full"),
+        "samples_lat8_us": {str(k): v for k, v in lat.items()},
+        "samples_bw1m_MBps": {str(k): v for k, v in bw.items()},
     }
     benchmark.extra_info.update(info)
     print("\nucx_perftest tcp traced/untraced:", info)
