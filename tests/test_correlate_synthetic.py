@@ -129,3 +129,34 @@ def test_qp_topology(cap):
         assert Q["resolved_by"][i] == "lid"
     for (a, b), q in truth["verbs_qpn"].items():
         assert Q["resolved_by"][by[q]] == "gid"
+
+
+def test_last_process_header_is_kept(tmp_path):
+    """docs/format.md: the *last* PROCESS chunk of a process is its header (rewritten when NICs/GPUs appear)."""
+    from sigmatrace.correlate import core
+    from sigmatrace.format import layout as L
+    from sigmatrace.format.writer import TraceWriter
+    path = tmp_path / "h.0.0.trace"
+    ev = np.zeros(3, L.EVENT_DTYPE)
+    ev["tsc"] = [10, 20, 30]
+    ev["type"] = 0x0115   # IBV_POLL_CQ
+    with TraceWriter(str(path), 0x1234, chunk_records=2) as w:
+        w.process(dict(format_version=1, host="early", rank=0, world_size=1, mode="full", tsc_hz=1e9, nics=[]))
+        w.thread(1, tid=7, name="main", role="app")
+        w.events(1, ev)
+        w.process(dict(format_version=1, host="h", node_id="n0", rank=3, world_size=4, mode="full", tsc_hz=1e9,
+                       nics=[{"name": "mlx5_0", "node_guid": "0x1", "ports": []}], gpus=[]))
+        w.end(dict(reason="exit", events=3, dropped_events=0))
+    for split in (False, True):
+        if split:   # the two headers land in different byte ranges decoded by different workers
+            old = core.SPLIT_MIN_BYTES
+            core.SPLIT_MIN_BYTES = 0
+        try:
+            c = correlate(path, workers=2 if split else 1)
+        finally:
+            if split:
+                core.SPLIT_MIN_BYTES = old
+        P = c.tables["processes"]
+        assert P["host"].tolist() == ["h"] and P["rank"].tolist() == [3]
+        assert c.tables["nics"]["name"].tolist() == ["mlx5_0"]
+        assert not [w for w in c.warnings if "PROCESS header" in w], c.warnings

@@ -21,9 +21,22 @@ def _norm(v):
     return "nan" if isinstance(v, float) and math.isnan(v) else v
 
 
+def _read(p):
+    """A table file, or a directory of part files read in part order (the events table)."""
+    if p.is_dir():
+        parts = sorted(p.glob("*.parquet"))
+        assert parts, p
+        return pa.concat_tables([pq.read_table(f) for f in parts])
+    return pq.read_table(p)
+
+
 def _same_report(a, b):
-    for f in sorted((a / "tables").glob("*.parquet")):
-        ta, tb = pq.read_table(f), pq.read_table(b / "tables" / f.name)
+    names = sorted(f.name for f in (a / "tables").iterdir())
+    assert names == sorted(f.name for f in (b / "tables").iterdir())
+    assert "events" in names
+    for name in names:
+        f = a / "tables" / name
+        ta, tb = _read(f), _read(b / "tables" / name)
         assert ta.schema == tb.schema, f.name
         for c in ta.column_names:
             x, y = ta[c], tb[c]
@@ -54,13 +67,19 @@ def test_tiny_batches_and_ranges_equal_default(captures, tmp_path, monkeypatch, 
     ref = tmp_path / "ref"
     build_report(cap, ref, workers=1, figures=False, quiet=True, max_perfetto_events=300)
     monkeypatch.setattr(core, "SPLIT_MIN_BYTES", 0)     # split single files into ranges across workers
+    from sigmatrace.export import tables as export_tables
+    monkeypatch.setattr(export_tables, "ROW_RANGE", 50)  # per-operation tables in many row ranges, written by
+    # forked workers alongside the events parts
     small = tmp_path / "small"
     build_report(cap, small, workers=3, figures=False, quiet=True, max_perfetto_events=300, batch_records=7)
     _same_report(ref, small)
     # the streamed events table came in more, smaller row groups (bounded batches: whole chunks of <= 7 records
     # unless one chunk is larger)
-    rg = lambda d: pq.ParquetFile(d / "tables" / "events.parquet").num_row_groups
+    rg = lambda d: sum(pq.ParquetFile(f).num_row_groups for f in (d / "tables" / "events").glob("*.parquet"))
     assert rg(small) > rg(ref)
+    # 3 workers wrote the events table as several parts (in parallel); 1 worker as one
+    parts = lambda d: len(list((d / "tables" / "events").glob("part-*.parquet")))
+    assert parts(ref) == 1 and parts(small) > 1
 
 
 def test_events_not_held_in_memory(captures):

@@ -57,7 +57,8 @@ def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=
 
     ``batch_records``: records decoded / written at a time (bounded memory; default
     ``correlate.decode.DEFAULT_BATCH_RECORDS``).  The events table is streamed from the capture into
-    ``tables/events.parquet`` (one row group per batch) and never held whole in memory."""
+    ``tables/events/part-*.parquet`` by the worker processes (one row group per batch) and never held whole
+    in memory; the per-operation tables are written in row ranges."""
     from ..correlate import correlate
     from ..correlate.core import Correlated  # noqa: F401
     from ..format.reader import capture_files

@@ -108,27 +108,75 @@ class CausalPairs:
     node_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     t_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
-    def __len__(self):
-        return len(self.t_a)
-
     @staticmethod
-    def concat(items):
+    def concat(items, consume=False):
+        """One CausalPairs of all ``items``; ``consume``: each item's columns are released as soon as they are
+        copied (peak = the result + one column, not twice the pairs)."""
         items = [i for i in items if len(i)]
         if not items:
             return CausalPairs()
-        return CausalPairs(*(np.concatenate([getattr(i, f) for i in items]) for f in ("node_a", "t_a", "node_b", "t_b")))
+        cols = []
+        for f in ("node_a", "t_a", "node_b", "t_b"):
+            cols.append(np.concatenate([getattr(i, f) for i in items]) if len(items) > 1 else getattr(items[0], f))
+            if consume:
+                for i in items:
+                    setattr(i, f, None)
+        return CausalPairs(*cols)
+
+    def __len__(self):
+        return 0 if self.t_a is None else len(self.t_a)
 
 
-def _window_estimates(pairs: CausalPairs, a: int, b: int, nwin: int):
-    """(t_mid, delta=err_b-err_a) per window where both directions have pairs."""
-    fwd = (pairs.node_a == a) & (pairs.node_b == b)
-    bwd = (pairs.node_a == b) & (pairs.node_b == a)
-    if not fwd.any() or not bwd.any():
+class _PairIndex:
+    """Causal pairs grouped by directed node pair (one stable sort of a narrow key), so each node pair reads
+    only its own rows; built once and shared by both refinement passes."""
+
+    def __init__(self, pairs: CausalPairs):
+        self.pairs = pairs
+        self.groups = {}
+        if not len(pairs):
+            return
+        na = np.asarray(pairs.node_a)
+        nb = np.asarray(pairs.node_b)
+        span = int(max(na.max(), nb.max())) + 1
+        if span * span < (1 << 31):
+            key = na.astype(np.int32) * np.int32(span) + nb.astype(np.int32)
+        else:
+            key = na.astype(np.int64) * span + nb.astype(np.int64)
+        o = np.argsort(key, kind="stable")
+        cnt = np.bincount(key, minlength=span * span) if span * span <= 4 * len(key) + 1024 else None
+        if cnt is not None:
+            ends = np.cumsum(cnt)
+            for k in np.flatnonzero(cnt).tolist():
+                self.groups[(k // span, k % span)] = o[ends[k] - cnt[k]:ends[k]]
+        else:
+            ks = key[o]
+            cut = np.flatnonzero(ks[1:] != ks[:-1]) + 1
+            st = np.concatenate([[0], cut])
+            en = np.concatenate([cut, [len(ks)]])
+            for a, b in zip(st.tolist(), en.tolist()):
+                k = int(ks[a])
+                self.groups[(k // span, k % span)] = o[a:b]
+
+    def rows(self, a, b):
+        return self.groups.get((a, b))
+
+
+def _window_estimates(pairs: CausalPairs, a: int, b: int, nwin: int, index: _PairIndex | None = None,
+                      shift=None):
+    """(t_mid, delta=err_b-err_a) per window where both directions have pairs.  ``shift``: per-node ns
+    subtracted from the times first (the first pass's offsets; constant per node, so per group)."""
+    if index is None:
+        index = _PairIndex(pairs)
+    fwd = index.rows(a, b)
+    bwd = index.rows(b, a)
+    if fwd is None or bwd is None:
         return None
-    tf = pairs.t_a[fwd]  # times on node a's clock (both directions)
-    df = (pairs.t_b[fwd] - pairs.t_a[fwd]).astype(np.float64)
-    tb = pairs.t_b[bwd]
-    db = (pairs.t_b[bwd] - pairs.t_a[bwd]).astype(np.float64)  # = t_on_a - t_on_b
+    sa, sb = (int(shift[a]), int(shift[b])) if shift is not None else (0, 0)
+    tf = pairs.t_a[fwd] - np.int64(sa)  # times on node a's clock (both directions)
+    df = (pairs.t_b[fwd] - np.int64(sb) - tf).astype(np.float64)
+    tb = pairs.t_b[bwd] - np.int64(sa)
+    db = (tb - (pairs.t_a[bwd] - np.int64(sb))).astype(np.float64)  # = t_on_a - t_on_b
     lo, hi = min(tf.min(), tb.min()), max(tf.max(), tb.max())
     nwin = max(1, min(nwin, len(df) // 4, len(db) // 4))
     edges = np.linspace(lo, hi + 1, nwin + 1)
@@ -138,24 +186,24 @@ def _window_estimates(pairs: CausalPairs, a: int, b: int, nwin: int):
     minb = np.full(nwin, np.inf)
     np.minimum.at(minf, wf, df)
     np.minimum.at(minb, wb, db)
-    sumt = np.zeros(nwin)
-    cnt = np.zeros(nwin)
-    np.add.at(sumt, wf, tf.astype(np.float64))
-    np.add.at(cnt, wf, 1)
-    np.add.at(sumt, wb, tb.astype(np.float64))
-    np.add.at(cnt, wb, 1)
+    sumt = np.bincount(wf, tf.astype(np.float64), nwin) + np.bincount(wb, tb.astype(np.float64), nwin)
+    cnt = (np.bincount(wf, minlength=nwin) + np.bincount(wb, minlength=nwin)).astype(np.float64)
     ok = np.isfinite(minf) & np.isfinite(minb)
     if not ok.any():
         return None
-    return sumt[ok] / cnt[ok], (minf[ok] - minb[ok]) / 2.0, int(fwd.sum() + bwd.sum())
+    return sumt[ok] / cnt[ok], (minf[ok] - minb[ok]) / 2.0, int(len(fwd) + len(bwd))
 
 
-def _solve(pairs: CausalPairs, nodes, ref, windows):
+def _solve(pairs: CausalPairs, nodes, ref, windows, index=None, shift=None):
     idx = {n: i for i, n in enumerate(nodes)}
     rows, rhs, meta = [], [], []
+    if index is None:
+        index = _PairIndex(pairs)
     for i, a in enumerate(nodes):
         for b in nodes[i + 1:]:
-            est = _window_estimates(pairs, a, b, windows)
+            if index.rows(a, b) is None or index.rows(b, a) is None:
+                continue
+            est = _window_estimates(pairs, a, b, windows, index, shift)
             if est is None:
                 continue
             tm, delta, npairs = est
@@ -216,17 +264,15 @@ def refine(clocks: dict, pairs: CausalPairs, mode: str = "auto", windows: int = 
     if ref is None:
         ref = next((n for n in nodes if clocks[n].pairs), nodes[0])
     info["reference_node"] = int(ref)
-    s1 = _solve(pairs, nodes, ref, 1)
+    index = _PairIndex(pairs)
+    s1 = _solve(pairs, nodes, ref, 1, index)
     if s1 is None:
         info["method"] = "bounds"
         return _bounds_only(clocks, pairs, nodes, ref, info, mode)
     o1 = {m: (s1["est"][m][0] if m in s1["reach"] else 0.0) for m in nodes}
-    lut = np.zeros(max(nodes) + 1)
-    for m in nodes:
-        lut[m] = o1[m]
-    adj = CausalPairs(pairs.node_a, pairs.t_a - np.rint(lut[pairs.node_a]).astype(np.int64),
-                      pairs.node_b, pairs.t_b - np.rint(lut[pairs.node_b]).astype(np.int64))
-    s2 = _solve(adj, nodes, ref, windows) or s1
+    # second pass on the pre-aligned times (t - rint(offset of its node)), applied per node-pair group
+    shift = {m: int(np.rint(o1[m])) for m in nodes}
+    s2 = _solve(pairs, nodes, ref, windows, index, shift) or s1
     est2 = s2["est"] if s2 is not s1 else {m: (0.0, 0.0) for m in nodes}
     reach = s1["reach"]
     res = {m: (float(np.sqrt(np.mean(np.square(s2["per_node"][m])))) if s2["per_node"][m] else float("nan"))
@@ -295,3 +341,47 @@ def _bounds_only(clocks, pairs, nodes, ref, info, mode):
             applied = True
     info["applied"] = applied
     return info
+
+
+class TimeBase:
+    """TSC -> ns for records of many processes at once (vectorised over nodes; reads the clocks' current
+    parameters at each call, so refinement applied later is seen).  Exactly ``NodeClock.to_ns`` per row.
+    Picklable: the events-table writers in worker processes use it."""
+
+    def __init__(self, clocks: dict, proc_node):
+        self.clocks = clocks
+        self.proc_node = np.asarray(proc_node, np.int64)
+
+    def _params(self):
+        n = max(self.clocks) + 1 if self.clocks else 1
+        tsc0 = np.zeros(n, np.int64)
+        ns0 = np.zeros(n, np.int64)
+        slope = np.ones(n, np.float64)
+        off = np.zeros(n, np.float64)
+        drift = np.zeros(n, np.float64)
+        ref = np.zeros(n, np.int64)
+        corr = np.zeros(n, bool)
+        for k, c in self.clocks.items():
+            tsc0[k], ns0[k], slope[k] = np.int64(c.tsc0), np.int64(c.ns0), c.slope
+            off[k], drift[k], ref[k] = c.offset_ns, c.drift, np.int64(c.ref_ns)
+            corr[k] = bool(c.offset_ns or c.drift)
+        return tsc0, ns0, slope, off, drift, ref, corr
+
+    def __call__(self, proc_idx, tsc, first=False):
+        proc_idx = np.asarray(proc_idx)
+        if not len(tsc):
+            return np.zeros(0, np.int64)
+        tsc0, ns0, slope, off, drift, ref, corr = self._params()
+        node = self.proc_node[proc_idx.astype(np.int64)]
+        if node.ndim == 0:
+            node = np.full(len(tsc), int(node))
+        d = np.asarray(tsc).astype(np.int64) - tsc0[node]
+        t = ns0[node] + np.rint(d.astype(np.float64) * slope[node]).astype(np.int64)
+        if first or not corr.any():
+            return t
+        m = corr[node]
+        if m.all():
+            return t + np.rint(off[node] + drift[node] * (t - ref[node]).astype(np.float64)).astype(np.int64)
+        nm = node[m]
+        t[m] += np.rint(off[nm] + drift[nm] * (t[m] - ref[nm]).astype(np.float64)).astype(np.int64)
+        return t

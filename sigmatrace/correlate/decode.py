@@ -8,9 +8,9 @@ per process found in the range:
   aggregates) and the side records the correlator interprets (JSON, PRM
   commands, recovered WQE bytes);
 * only the event records the correlator joins on (``CORRELATOR_TYPES``:
-  doorbells, WQE records, work requests, completions, QP set-up, ...) as one
-  compact structured array (``TYPED_DTYPE``: the record, its EXT slots, thread
-  and its index among the process's primary records);
+  doorbells, WQE records, work requests, completions, QP set-up, UCX /
+  libfabric operations, ...), per type as the narrow columns the correlator
+  reads (``TYPE_COLUMNS``: record fields, EXT slots, thread);
 * an index of its EVENTS chunks (file offset, record count, thread) so that
   the events table can be written later by streaming the file again
   (``iter_event_batches``) with the final time base, and per-chunk TSC
@@ -42,19 +42,76 @@ DEFAULT_BATCH_RECORDS = 1 << 18
 # event types the correlator reads (core._build and derived.*); everything else only goes to the events table
 CORRELATOR_TYPES = ("DROPS", "DB_HIJACK_INSTALL", "IBV_CREATE_QP", "MLX5_DEVX_OBJ_CREATE", "IBV_MODIFY_QP",
                     "MLX5_DEVX_OBJ_MODIFY", "DB_DOORBELL", "DB_WQE", "DB_WQE_LOST", "IBV_SEND_WR", "IBV_POST_SEND",
-                    "IBV_WR_COMPLETE", "IBV_WC")
+                    "IBV_WR_COMPLETE", "IBV_WC",
+                    # UCX / libfabric identities and operations (correlate.hostlib)
+                    "UCP_WORKER_CREATE", "UCP_EP_CREATE", "OFI_ENDPOINT", "OFI_AV_INSERT",
+                    "UCP_PUT", "UCP_GET", "UCP_ATOMIC", "UCP_TAG_SEND", "UCP_STREAM_SEND", "UCP_AM_SEND",
+                    "OFI_SEND", "OFI_TSEND", "OFI_WRITE", "OFI_READ", "OFI_ATOMIC")
 _TYPE_LUT = np.zeros(1 << 16, bool)
 for _n in CORRELATOR_TYPES:
     _TYPE_LUT[E.value(_n)] = True
 
-# typed records: uint64 matrix rows [tsc, type|aux<<16|obj<<32, arg, x0, EXT|x1<<16|x2<<32 (0: no EXT), x3,
-# thread, seq (index among the process's primary records)]
-TYPED_COLS = 8
-EXT_WORD = np.uint64(EXT)
+# per correlator type: the named columns the correlator reads (others are only in the events table), with the
+# narrowest dtype that holds them.  Workers keep these columns only (``ProcDecode.tables``).
+_USED = {"IBV_WC": ("status", "opcode", "qpn", "wr_id", "byte_len"),
+         "IBV_SEND_WR": ("opcode", "send_flags", "qpn", "wr_id", "raddr", "rkey", "bytes"),
+         "IBV_POST_SEND": ("num_wr", "qpn", "bytes", "wr_id", "opcode"),
+         "IBV_WR_COMPLETE": ("num_wr", "qpn", "bytes"),
+         **{n: ("op", "ep", "bytes", "raddr") for n in ("UCP_PUT", "UCP_GET", "UCP_ATOMIC", "UCP_TAG_SEND",
+                                                       "UCP_STREAM_SEND", "UCP_AM_SEND")},
+         **{n: ("op", "ep", "bytes", "dest", "raddr") for n in ("OFI_SEND", "OFI_TSEND", "OFI_WRITE", "OFI_READ",
+                                                               "OFI_ATOMIC")}}
+_SLOT_DT = dict(aux=np.uint16, obj=np.uint32, arg=np.uint64, x0=np.uint64, x1=np.uint16, x2=np.uint32, x3=np.uint64)
+def _type_columns(name):
+    """[(column, slot, low bit, width, dtype)] kept for one correlator type."""
+    used = _USED.get(name)
+    out = []
+    for col, sl, lo, width in E.BY_NAME[name].columns():
+        if used is not None and col not in used:
+            continue
+        dt = _SLOT_DT[sl]
+        if width is not None and width <= 8:
+            dt = np.uint8
+        elif width is not None and width <= 16:
+            dt = np.uint16 if np.dtype(dt).itemsize >= 2 else dt
+        out.append((col, sl, lo, width, dt))
+    return out
 
 
-def empty_typed():
-    return np.zeros((0, TYPED_COLS), np.uint64)
+TYPE_COLUMNS = {E.value(n): (n, _type_columns(n)) for n in CORRELATOR_TYPES}
+
+
+def concat_tables(parts):
+    """Concatenate lists of per-type column dicts (file order)."""
+    out = {}
+    names = []
+    for p in parts:
+        for k in p:
+            if k not in out:
+                out[k] = []
+                names.append(k)
+            out[k].append(p[k])
+    res = {}
+    for k in names:
+        lst = out[k]
+        res[k] = lst[0] if len(lst) == 1 else {c: np.concatenate([d[c] for d in lst]) for c in lst[0]}
+    return res
+
+
+def drop_redundant_posts(tables):
+    """IBV_POST_SEND / IBV_WR_COMPLETE on a QP that has IBV_SEND_WR records never become operations (the
+    work requests do): drop them early (the correlator filters the rest, e.g. across byte ranges)."""
+    wr = tables.get("IBV_SEND_WR")
+    if wr is None or not len(wr["qpn"]):
+        return tables
+    qs = np.unique(wr["qpn"])
+    for name in ("IBV_POST_SEND", "IBV_WR_COMPLETE"):
+        t = tables.get(name)
+        if t is not None and len(t["qpn"]):
+            keep = ~np.isin(t["qpn"], qs)
+            if not keep.all():
+                tables[name] = {c: v[keep] for c, v in t.items()}
+    return tables
 
 
 CHUNK_INDEX_DTYPE = np.dtype([("offset", "<i8"), ("count", "<i8"), ("thread", "<u4"), ("events", "<i8"),
@@ -75,7 +132,7 @@ class ProcDecode:
     side_prm: dict = field(default_factory=dict)   # side_id -> (in bytes, out bytes)
     side_wqe: dict = field(default_factory=dict)   # side_id -> (header tuple, bytes)
     side_bad: int = 0
-    typed: np.ndarray = None                       # (n, TYPED_COLS) uint64, file order
+    tables: dict = None                            # correlator records: type name -> narrow columns, file order
     chunks: np.ndarray = None                      # CHUNK_INDEX_DTYPE, file order
     n_events: int = 0                              # primary records
     n_records: int = 0                             # primary + EXT
@@ -95,7 +152,7 @@ class ProcDecode:
         else:
             self.aggregates = np.zeros(0, L.AGGREGATE_DTYPE)
             self.aggregate_thread = np.zeros(0, np.uint32)
-        self.typed = np.concatenate(self._typed) if self._typed else empty_typed()
+        self.tables = drop_redundant_posts(concat_tables(self._typed))
         self.chunks = np.concatenate(self._chunks) if self._chunks else np.zeros(0, CHUNK_INDEX_DTYPE)
         self._calib, self._aggs, self._typed, self._chunks = [], [], [], []
         return self
@@ -188,31 +245,25 @@ class _Batch:
             return
         n = self.n
         if self._buf is None or len(self._buf) < n:
-            self._buf = np.empty((max(n, self._cap), 3), np.uint64)
+            self._buf = np.empty(max(n, self._cap), L.EVENT_DTYPE)
         if len(self.arrays) > 1:
-            w = np.concatenate([a.view(np.uint64).reshape(-1, 3) for a in self.arrays], out=self._buf[:n])
+            ev = np.concatenate(self.arrays, out=self._buf[:n])
         else:
-            w = self.arrays[0].view(np.uint64).reshape(-1, 3)
+            ev = self.arrays[0]
         counts = np.array(self.counts, np.int64)
         starts = np.zeros(len(counts), np.int64)
         np.cumsum(counts[:-1], out=starts[1:])
-        w1 = w[:, 1]
-        types = (w1 & np.uint64(0xFFFF)).astype(np.uint16)
+        types = ev["type"]
         is_ext = types == EXT
-        tsc = w[:, 0]
-        ext_cum = np.cumsum(is_ext, dtype=np.int64)
-        ends = starts + counts
-        ext_before = np.where(starts > 0, ext_cum[np.maximum(starts - 1, 0)], 0)
-        ext_per_chunk = ext_cum[ends - 1] - ext_before
-        prim_per_chunk = counts - ext_per_chunk
-        if ext_cum[-1]:
+        tsc = ev["tsc"]
+        if is_ext.any():
+            prim_per_chunk = counts - np.add.reduceat(is_ext, starts, dtype=np.int64)
             tmin = np.minimum.reduceat(np.where(is_ext, np.uint64(0xFFFFFFFFFFFFFFFF), tsc), starts)
             tmax = np.maximum.reduceat(np.where(is_ext, np.uint64(0), tsc), starts)
         else:
+            prim_per_chunk = counts
             tmin = np.minimum.reduceat(tsc, starts)
             tmax = np.maximum.reduceat(tsc, starts)
-        # per-chunk primary base index inside each process (Python over chunks, not events)
-        base = np.zeros(len(counts), np.int64)
         ci = np.zeros(len(counts), CHUNK_INDEX_DTYPE)
         ci["offset"], ci["count"], ci["thread"] = self.offsets, counts, self.threads
         ci["events"], ci["tsc_min"], ci["tsc_max"] = prim_per_chunk, tmin, tmax
@@ -220,33 +271,60 @@ class _Batch:
         for pi in np.unique(procs).tolist():
             m = np.flatnonzero(procs == pi)
             p = plist[pi]
-            pc = prim_per_chunk[m]
-            base[m] = p.n_events + np.cumsum(pc) - pc
-            p.n_events += int(pc.sum())
+            p.n_events += int(prim_per_chunk[m].sum())
             p.n_records += int(counts[m].sum())
             p._chunks.append(ci[m])
         sel = np.flatnonzero(_TYPE_LUT[types])
         if len(sel):
             c = np.searchsorted(starts, sel, side="right") - 1
-            rec = np.empty((len(sel), TYPED_COLS), np.uint64)
-            rec[:, 0:3] = w.take(sel, axis=0)
-            nxt = np.minimum(sel + 1, n - 1)
-            has = (sel + 1 < n) & is_ext[nxt]
-            rec[:, 3:6] = w.take(nxt, axis=0)
-            rec[~has, 3:6] = 0
-            rec[:, 6] = np.asarray(self.threads, np.uint64)[c]
-            rec[:, 7] = base[c] + (sel - starts[c]) - (ext_cum[sel] - ext_before[c])
+            thr = np.asarray(self.threads, np.uint32)[c]
             cp = procs[c]
             if (cp == cp[0]).all():
-                plist[int(cp[0])]._typed.append(rec)
+                plist[int(cp[0])]._typed.append(_type_tables(ev, is_ext, sel, thr))
             else:
                 o = np.argsort(cp, kind="stable")
-                cps = cp[o]
-                cuts = np.flatnonzero(np.diff(cps)) + 1
+                cuts = np.flatnonzero(np.diff(cp[o])) + 1
                 for part in np.split(o, cuts):
-                    plist[int(cp[part[0]])]._typed.append(rec[part])
+                    plist[int(cp[part[0]])]._typed.append(_type_tables(ev, is_ext, sel[part], thr[part]))
         self.arrays, self.procs, self.counts, self.threads, self.offsets = [], [], [], [], []
         self.n = 0
+
+
+# slot -> (record field, read from the following EXT record)
+_SLOT_FIELD = dict(aux=("aux", False), obj=("obj", False), arg=("arg", False), x0=("tsc", True),
+                   x1=("aux", True), x2=("obj", True), x3=("arg", True))
+
+
+def _type_tables(ev, is_ext, sel, thr):
+    """Correlator records ``sel`` of a batch (one process, file order) -> {type name: {column: array}}.
+
+    One gather per kept column straight from the record fields (EXT slots from the next record when it
+    is an EXT — a chunk never starts with EXT, so that record belongs to the same chunk)."""
+    out = {}
+    n = len(ev)
+    t = ev["type"][sel]
+    u = np.uint64
+    for tv in np.unique(t).tolist():
+        name, cols = TYPE_COLUMNS[tv]
+        m = t == tv
+        idx = sel[m] if not m.all() else sel
+        d = {"tsc": ev["tsc"][idx], "thread": thr[m] if not m.all() else thr}
+        nxt = idx + 1
+        has = nxt < n
+        has[has] = is_ext[nxt[has]]
+        hx = nxt[has]
+        for col, sl, lo, width, dt in cols:
+            f, from_ext = _SLOT_FIELD[sl]
+            if from_ext:
+                v = np.zeros(len(idx), ev.dtype[f])
+                v[has] = ev[f][hx]
+            else:
+                v = ev[f][idx]
+            if width is not None:
+                v = (v >> np.asarray(lo, v.dtype)) & np.asarray((1 << width) - 1, v.dtype)
+            d[col] = v.astype(dt, copy=False)
+        out[name] = d
+    return out
 
 
 def decode_file(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:
@@ -283,11 +361,9 @@ def decode_file(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -
                     if v != L.VERSION:
                         out.warnings.append(f"{path}: process {ch.process_uid:#x} header says format version {v}; "
                                             f"read as version {L.VERSION}")
-                    if proc.header is not None:
-                        out.warnings.append(f"{path}: process uid {ch.process_uid:#x} has two PROCESS headers; "
-                                            f"the first is kept")
-                    else:
-                        proc.header = h
+                    # the last PROCESS chunk of a process is its header (docs/format.md: the tracer rewrites
+                    # it when NICs / GPUs become known)
+                    proc.header = h
             elif k == L.CHUNK_SIDE:
                 _sides(proc, ch.payload, ch.count)
             elif k == L.CHUNK_CALIBRATION:
@@ -329,12 +405,8 @@ def merge_ranges(results):
                 by_uid[p.uid] = p
                 head.processes.append(p)
                 continue
-            if p.header is not None:
-                if q.header is None:
-                    q.header = p.header
-                else:
-                    head.warnings.append(f"{q.path}: process uid {p.uid:#x} has two PROCESS headers; "
-                                         f"the first is kept")
+            if p.header is not None:   # ranges come in file order: the later header wins
+                q.header = p.header
             q.threads.update(p.threads)
             if p.end is not None:
                 q.end = p.end
@@ -345,9 +417,7 @@ def merge_ranges(results):
             q.calibration = np.concatenate([q.calibration, p.calibration])
             q.aggregates = np.concatenate([q.aggregates, p.aggregates])
             q.aggregate_thread = np.concatenate([q.aggregate_thread, p.aggregate_thread])
-            t = p.typed.copy()
-            t[:, 7] += np.uint64(q.n_events)
-            q.typed = np.concatenate([q.typed, t])
+            q.tables = concat_tables([q.tables, p.tables])
             q.chunks = np.concatenate([q.chunks, p.chunks])
             q.n_events += p.n_events
             q.n_records += p.n_records
@@ -367,21 +437,23 @@ def iter_event_batches(procs, batch_records=DEFAULT_BATCH_RECORDS):
     """Stream the primary records of every process again, process by process (global order).
 
     Yields (process index, dict of numpy columns: thread, tsc, type, aux, obj, arg, x0..x3) per
-    batch of whole chunks; the file is memory-mapped and its pages are dropped behind the reader.
+    batch of whole chunks.  Each chunk's records are read with ``preadv`` straight into the batch
+    array (no memory map: no page faults, nothing of the file resident beyond the batch).
     """
-    bufs = {}
+    fds = {}
     batch_records = max(1, int(batch_records))
+    rec = L.EVENT_DTYPE.itemsize
     try:
         for i, p in enumerate(procs):
             ch = p.chunks
             if ch is None or not len(ch):
                 continue
-            buf = bufs.get(p.path)
-            if buf is None:
-                for b in bufs.values():
-                    drop_pages(b, len(b))
-                bufs = {p.path: open_buffer(p.path)}
-                buf = bufs[p.path]
+            fd = fds.get(p.path)
+            if fd is None:
+                for f in fds.values():
+                    os.close(f)
+                fds = {p.path: os.open(p.path, os.O_RDONLY)}
+                fd = fds[p.path]
             counts = ch["count"]
             cum = np.cumsum(counts)
             j = 0
@@ -389,38 +461,50 @@ def iter_event_batches(procs, batch_records=DEFAULT_BATCH_RECORDS):
                 k = int(np.searchsorted(cum, cum[j] - counts[j] + batch_records, side="right"))
                 k = min(max(k, j + 1), len(ch))
                 sl = ch[j:k]
-                arrs = [np.frombuffer(buf, L.EVENT_DTYPE, int(c), int(o) + L.CHUNK_HEADER_SIZE)
-                        for o, c in zip(sl["offset"].tolist(), sl["count"].tolist())]
-                ev = np.concatenate(arrs) if len(arrs) > 1 else arrs[0].copy()
-                del arrs
+                cnt = sl["count"].tolist()
+                ev = np.empty(sum(cnt), L.EVENT_DTYPE)
+                mv = memoryview(ev.view(np.uint8))
+                pos = 0
+                for o, c in zip(sl["offset"].tolist(), cnt):
+                    nb = c * rec
+                    got = os.preadv(fd, [mv[pos:pos + nb]], o + L.CHUNK_HEADER_SIZE)
+                    if got != nb:
+                        raise OSError(f"{p.path}: short read at offset {o} (file changed since it was decoded?)")
+                    pos += nb
+                del mv
                 thr = np.repeat(sl["thread"], sl["count"])
                 yield i, split_ext(ev, thr)
-                drop_pages(buf, int(sl["offset"][0]))
                 j = k
     finally:
-        for b in bufs.values():
-            drop_pages(b, len(b))
+        for f in fds.values():
+            os.close(f)
 
 
 def split_ext(ev, thr):
-    """Records (whole chunks) -> primary columns with their first EXT's slots (0 when absent)."""
-    w = ev.view(np.uint64).reshape(-1, 3)
-    n = len(w)
-    types = (w[:, 1] & np.uint64(0xFFFF)).astype(np.uint16)
+    """Records (whole chunks) -> primary columns with their first EXT's slots (0 when absent).
+
+    One gather per output column straight from the record fields (each output contiguous, ready for
+    Arrow): no intermediate 24-byte row copies, no shift/mask passes."""
+    ev = ev.view(L.EVENT_DTYPE)
+    n = len(ev)
+    types = ev["type"]
     is_ext = types == EXT
     if not is_ext.any():
-        P, X, tp = w, np.zeros((n, 3), np.uint64), types
-    else:
-        prim = np.flatnonzero(~is_ext)
-        nxt = np.minimum(prim + 1, n - 1)
-        has = (prim + 1 < n) & is_ext[nxt]
-        P = w.take(prim, axis=0)
-        X = w.take(nxt, axis=0)
-        X[~has] = 0
-        thr = thr[prim]
-        tp = types[prim]
-    w1, x1 = P[:, 1], X[:, 1]
-    return dict(thread=thr, tsc=P[:, 0], type=tp, aux=((w1 >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.uint16),
-                obj=(w1 >> np.uint64(32)).astype(np.uint32), arg=P[:, 2], x0=X[:, 0],
-                x1=((x1 >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.uint16),
-                x2=(x1 >> np.uint64(32)).astype(np.uint32), x3=X[:, 2])
+        z = np.zeros(n, np.uint64)
+        return dict(thread=np.ascontiguousarray(thr), tsc=ev["tsc"].copy(), type=types.copy(), aux=ev["aux"].copy(),
+                    obj=ev["obj"].copy(), arg=ev["arg"].copy(), x0=z, x1=np.zeros(n, np.uint16),
+                    x2=np.zeros(n, np.uint32), x3=z.copy())
+    prim = np.flatnonzero(~is_ext)
+    nxt = prim + 1
+    has = nxt < n
+    has[has] = is_ext[nxt[has]]
+    hx = nxt[has]
+    m = len(prim)
+
+    def ext(field, dt):
+        out = np.zeros(m, dt)
+        out[has] = ev[field][hx]
+        return out
+    return dict(thread=thr[prim], tsc=ev["tsc"][prim], type=types[prim], aux=ev["aux"][prim], obj=ev["obj"][prim],
+                arg=ev["arg"][prim], x0=ext("tsc", np.uint64), x1=ext("aux", np.uint16), x2=ext("obj", np.uint32),
+                x3=ext("arg", np.uint64))

@@ -28,24 +28,46 @@ from .util import group_starts, rank_in_group
 BARRIER_OPS = (0x12, 0x15)   # ATOMIC_FA, ATOMIC_MASKED_FA
 
 
+FLOW_COLUMNS = ("flow_id", "op_id", "src_qp_id", "src_process", "src_node", "src_ns", "dst_qp_id", "dst_process",
+                "dst_node", "dst_ns", "kind", "bytes", "opcode_name")
+FLOW_KINDS = ["send-recv", "op-completion", "one-sided"]
+
+
 def build_flows(out):
+    """One flow per matched op, computed per row range from the ops table (only the op index is kept)."""
+    from .core import Labels
+    from .rows import RowTable, sel_ids
     ops = out.tables["ops"]
-    m = np.flatnonzero(ops["dst_qp_id"] >= 0)
-    peer = ops["peer_ns"][m]
-    comp = ops["complete_ns"][m]
-    dst_ns = np.where(peer >= 0, peer, np.where(comp >= 0, comp, ops["ns"][m]))
-    kind = np.where(peer >= 0, "send-recv", np.where(comp >= 0, "op-completion", "one-sided"))
-    out.tables["flows"] = dict(
-        flow_id=np.arange(len(m), dtype=np.int64), op_id=m, src_qp_id=ops["qp_id"][m], src_process=ops["process"][m],
-        src_node=ops["node"][m], src_ns=ops["ns"][m], dst_qp_id=ops["dst_qp_id"][m], dst_process=ops["dst_process"][m],
-        dst_node=ops["dst_node"][m], dst_ns=dst_ns, kind=kind.astype(object), bytes=ops["bytes"][m],
-        opcode_name=ops["opcode_name"][m])
+    m = np.flatnonzero(ops.rows(None, ("dst_qp_id",))["dst_qp_id"] >= 0)
+    nf = len(m)
+    names = ("qp_id", "process", "node", "ns", "dst_qp_id", "dst_process", "dst_node", "peer_ns", "complete_ns",
+             "bytes", "opcode_name")
+
+    def flow_rows(sel, want, labels=False):
+        mi = m[sel]
+        o = ops.rows(mi, names, labels=labels)
+        peer, comp = o["peer_ns"], o["complete_ns"]
+        dst_ns = np.where(peer >= 0, peer, np.where(comp >= 0, comp, o["ns"]))
+        kind = Labels(np.where(peer >= 0, 0, np.where(comp >= 0, 1, 2)), FLOW_KINDS)
+        r = dict(flow_id=sel_ids(sel, nf), op_id=mi.astype(np.int64), src_qp_id=o["qp_id"], src_process=o["process"],
+                 src_node=o["node"], src_ns=o["ns"], dst_qp_id=o["dst_qp_id"], dst_process=o["dst_process"],
+                 dst_node=o["dst_node"], dst_ns=dst_ns, kind=kind if labels else kind.objects(), bytes=o["bytes"],
+                 opcode_name=o["opcode_name"])
+        return {k: r[k] for k in want}
+
+    out.tables["flows"] = RowTable(nf, FLOW_COLUMNS, flow_rows, base={"op_id": m})
 
 
 def build_barriers(out, ops_codes=BARRIER_OPS):
-    ops = out.tables["ops"]
     T = out.tables
-    sel = np.flatnonzero(np.isin(ops["opcode"], ops_codes) & (ops["dst_process"] >= 0))
+    ops_t = T["ops"]
+    cand = np.flatnonzero(np.isin(ops_t.base["opcode"], ops_codes)) if hasattr(ops_t, "base") else \
+        np.flatnonzero(np.isin(ops_t["opcode"], ops_codes))
+    names = ("gpu", "process", "dst_process", "raddr", "ns")
+    o = ops_t.rows(cand, names) if hasattr(ops_t, "rows") else {k: ops_t[k][cand] for k in names}
+    keep0 = o["dst_process"] >= 0
+    sel = cand[keep0]
+    ops = _Sparse({k: v[keep0] for k, v in o.items()}, sel)
     empty_b = dict(barrier=np.zeros(0, np.int64), series=np.zeros(0, np.int64), instance=np.zeros(0, np.int64),
                    participants=np.zeros(0, np.int64), first_ns=np.zeros(0, np.int64), last_ns=np.zeros(0, np.int64),
                    spread_ns=np.zeros(0, np.int64), first_participant=np.zeros(0, np.int64),
@@ -148,6 +170,24 @@ def build_barriers(out, ops_codes=BARRIER_OPS):
         arrival_order=np.array([json.dumps(x) for x in orders], dtype=object))
 
 
+class _Sparse(dict):
+    """Columns of selected op rows, indexable by op id arrays (ids in ``sel`` only)."""
+
+    def __init__(self, cols, sel):
+        super().__init__()
+        self._sel = np.asarray(sel, np.int64)
+        for k, v in cols.items():
+            self[k] = _SparseCol(v, self._sel)
+
+
+class _SparseCol:
+    def __init__(self, v, sel):
+        self.v, self.sel = v, sel
+
+    def __getitem__(self, ids):
+        return self.v[np.searchsorted(self.sel, ids)]
+
+
 def build_losses(out, procs):
     rows = []
     for path, off, nb, why in out.losses:
@@ -182,7 +222,7 @@ def build_aggregates(out, procs, qp_of, remote, q_proc, q_gpu, proc_node, ranks)
         z = np.zeros(0, np.int64)
         out.tables["aggregates"] = dict(process=z, thread=z, type=z, type_name=np.zeros(0, object), aux=z, obj=z, peer=z,
                                         count=z, bytes=z, qp_id=z, dst_process=z, dst_node=z, dst_rank=z, dst_gpu=z,
-                                        node=z, rank=z, gpu=z)
+                                        node=z, rank=z, gpu=z, is_op=np.zeros(0, bool))
         return
     proc = np.concatenate([np.full(len(a), i, np.int64) for i, a, _ in parts])
     a = np.concatenate([a for _, a, _ in parts])
@@ -195,6 +235,24 @@ def build_aggregates(out, procs, qp_of, remote, q_proc, q_gpu, proc_node, ranks)
     rq = np.where(qid >= 0, remote[np.maximum(qid, 0)], -1) if len(remote) else np.full(len(qid), -1)
     ok = rq >= 0
     dproc = np.where(ok, q_proc[np.maximum(rq, 0)], -1) if len(q_proc) else np.full(len(qid), -1)
+    # UCX / libfabric counters: obj = endpoint, peer = destination fi_addr (unconnected libfabric endpoints)
+    from . import hostlib
+    peers = getattr(out, "_peers", None)
+    ucx_t = np.isin(tp, [E.value(n) for n in hostlib.UCX_OPS])
+    ofi_t = np.isin(tp, [E.value(n) for n in hostlib.OFI_OPS])
+    if peers is not None and ucx_t.any():
+        dproc = np.where(ucx_t, peers.ucx(proc, a["obj"].astype(np.int64)), dproc)
+    if peers is not None and ofi_t.any():
+        dproc = np.where(ofi_t, peers.ofi(proc, a["obj"].astype(np.int64), a["peer"].view(np.int64)), dproc)
+    ok = dproc >= 0
+    # operation counters that enter the matrices: work requests, else post calls of QPs without work-request
+    # counters (the same precedence as the ops table), and the UCX / libfabric operations
+    swr_t = tp == E.value("IBV_SEND_WR")
+    post_t = tp == E.value("IBV_POST_SEND")
+    wr_keys = set(zip(proc[swr_t].tolist(), a["obj"][swr_t].tolist()))
+    post_ok = np.array([(p, o) not in wr_keys for p, o in zip(proc.tolist(), a["obj"].tolist())], bool) \
+        if post_t.any() else np.zeros(len(tp), bool)
+    is_op = swr_t | (post_t & post_ok) | ucx_t | ofi_t
     out.tables["aggregates"] = dict(
         process=proc, thread=thr, type=tp, type_name=names[np.minimum(tp, len(names) - 1)], aux=a["aux"].astype(np.int64),
         obj=a["obj"].astype(np.int64), peer=a["peer"].view(np.int64), count=a["count"].view(np.int64),
@@ -202,4 +260,5 @@ def build_aggregates(out, procs, qp_of, remote, q_proc, q_gpu, proc_node, ranks)
         gpu=np.where(qid >= 0, q_gpu[np.maximum(qid, 0)], -1) if len(q_gpu) else np.full(len(qid), -1),
         dst_process=dproc, dst_node=np.where(ok, proc_node[np.maximum(dproc, 0)], -1),
         dst_rank=np.where(ok, ranks[np.maximum(dproc, 0)], -1),
-        dst_gpu=np.where(ok, q_gpu[np.maximum(rq, 0)], -1) if len(q_gpu) else np.full(len(qid), -1))
+        dst_gpu=np.where(ok & (rq >= 0), q_gpu[np.maximum(rq, 0)], -1) if len(q_gpu) else np.full(len(qid), -1),
+        is_op=is_op)

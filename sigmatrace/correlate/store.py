@@ -1,64 +1,51 @@
-"""Compact event store: the records the correlator joins on, per type, as flat numpy columns.
+"""Compact event store: the records the correlator joins on, per type, as flat narrow numpy columns.
 
-Workers keep only ``decode.CORRELATOR_TYPES`` (with their EXT slots); the
-full event stream is never held in memory — the events table is written by
-streaming the capture again (``decode.iter_event_batches``).
+Workers keep only ``decode.CORRELATOR_TYPES`` (with their EXT slots), already split per type into the
+columns the correlator reads (``decode.TYPE_COLUMNS``); the full event stream is never held in memory —
+the events table is written by streaming the capture again (``decode.iter_event_batches``).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..format import events as E
-from .decode import empty_typed
-
-_SLOTS = ("aux", "obj", "arg", "x0", "x1", "x2", "x3")
+from .decode import TYPE_COLUMNS
 
 
 class EventStore:
-    def __init__(self, procs):
-        """procs: list of ProcDecode in global process order (their ``typed`` records are not copied)."""
+    def __init__(self, procs, consume=True):
+        """procs: list of ProcDecode in global process order.  ``consume``: each type's per-process columns
+        are released once ``table`` has concatenated them (the correlator asks for each type once)."""
         n = [p.n_events for p in procs]
         self.offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
         self.n = int(self.offsets[-1])
-        self._parts = [(i, p.typed) for i, p in enumerate(procs) if p.typed is not None and len(p.typed)]
-        self._by_type = None
+        self._procs = procs
+        self._consume = consume
 
     def __len__(self):
         return self.n
 
-    def _index(self):
-        if self._by_type is None:
-            self._by_type = []
-            for i, rec in self._parts:
-                t = (rec[:, 1] & np.uint64(0xFFFF)).astype(np.uint16)
-                order = np.argsort(t, kind="stable")
-                types, starts = np.unique(t[order], return_index=True)
-                ends = np.append(starts[1:], len(order))
-                self._by_type.append({int(ty): order[s:e] for ty, s, e in zip(types, starts, ends)})
-        return self._by_type
-
     def table(self, name) -> dict:
-        """Named columns of one event type (EXT fields joined), like Capture.table."""
-        et = E.BY_NAME[name]
+        """Named columns of one event type (EXT fields joined): tsc, process, thread and the type's columns."""
         tv = E.value(name)
-        recs, procs = [], []
-        for (i, rec), by in zip(self._parts, self._index()):
-            rows = by.get(tv)
-            if rows is not None and len(rows):
-                recs.append(rec.take(rows, axis=0))
-                procs.append(np.full(len(rows), i, np.uint32))
-        r = np.concatenate(recs) if len(recs) > 1 else (recs[0] if recs else empty_typed())
-        process = np.concatenate(procs) if procs else np.zeros(0, np.uint32)
-        u = np.uint64
-        w1, x1 = r[:, 1], r[:, 4]
-        slot = dict(aux=((w1 >> u(16)) & u(0xFFFF)).astype(np.uint16), obj=(w1 >> u(32)).astype(np.uint32),
-                    arg=r[:, 2].copy(), x0=r[:, 3].copy(), x1=((x1 >> u(16)) & u(0xFFFF)).astype(np.uint16),
-                    x2=(x1 >> u(32)).astype(np.uint32), x3=r[:, 5].copy())
-        idx = self.offsets[process.astype(np.int64)] + r[:, 7].astype(np.int64) if len(r) else np.zeros(0, np.int64)
-        cols = {"idx": idx, "tsc": r[:, 0].copy(), "process": process, "thread": r[:, 6].astype(np.uint32)}
-        for col, sl, lo, width in et.columns():
-            vals = slot[sl]
-            if width is not None:
-                vals = (vals >> np.asarray(lo, vals.dtype)) & np.asarray((1 << width) - 1, vals.dtype)
-            cols[col] = vals
+        cols_spec = TYPE_COLUMNS[tv][1]
+        parts, procs = [], []
+        for i, p in enumerate(self._procs):
+            tabs = p.tables or {}
+            t = tabs.pop(name, None) if self._consume else tabs.get(name)
+            if t is not None and len(t["tsc"]):
+                parts.append(t)
+                procs.append(np.full(len(t["tsc"]), i, np.uint32))
+        keys = ["tsc", "thread"] + [c[0] for c in cols_spec]
+        dts = dict(tsc=np.uint64, thread=np.uint32, **{c[0]: c[4] for c in cols_spec})
+        cols = {}
+        for k in keys:
+            if len(parts) == 1:
+                cols[k] = parts[0][k]
+            else:
+                cols[k] = np.concatenate([q[k] for q in parts]) if parts else np.zeros(0, dts[k])
+            if self._consume:
+                for q in parts:
+                    q.pop(k, None)
+        cols["process"] = (procs[0] if len(procs) == 1 else np.concatenate(procs)) if procs else np.zeros(0, np.uint32)
         return cols

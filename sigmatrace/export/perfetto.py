@@ -257,8 +257,12 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
                 ("recovered", bool(D["complete"][i]))])
         stats["instants"] += 1
     # operations on QP tracks, flows to the peer QP
-    ops = T["ops"]
-    no = take(len(ops["op_id"]))
+    ops_t = T["ops"]
+    n_ops = ops_t.n_rows if hasattr(ops_t, "rows") else len(ops_t["op_id"])
+    no = take(n_ops)
+    # the drawn ops (first rows) in full; the counters need five columns of every op
+    ops = ops_t.rows(slice(0, no)) if hasattr(ops_t, "rows") else ops_t
+    full = ops_t.rows(None, ("ns", "bytes", "gpu", "node", "qp_id")) if hasattr(ops_t, "rows") else ops_t
     flow_base = 1 << 40
     for i in range(no):
         u = qp_uuid.get(int(ops["qp_id"][i]))
@@ -286,8 +290,8 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
             stats["instants"] += 1
             stats["flows"] += 1
     # bandwidth counters
-    if len(ops["ns"]):
-        t0, t1 = int(ops["ns"].min()), int(ops["ns"].max()) + 1
+    if len(full["ns"]):
+        t0, t1 = int(full["ns"].min()), int(full["ns"].max()) + 1
         bin_ns = max(1000, (t1 - t0) // bins + 1)
         nb = int((t1 - t0) // bin_ns) + 1
         ts = t0 + np.arange(nb + 1) * bin_ns
@@ -295,28 +299,30 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
         def counters(name, parent, mask):
             u = new_uuid()
             track(u, name=name, parent=parent, counter=True, unit="GB/s")
-            s = _bw_series(ops["ns"][mask], ops["bytes"][mask], bin_ns, t0, nb)
+            s = _bw_series(full["ns"][mask], full["bytes"][mask], bin_ns, t0, nb)
             s = np.append(s, 0.0)
             for t, v in zip(ts, s):
                 ev(t, u, P.TrackEvent.TYPE_COUNTER, value=v)
                 stats["counters"] += 1
 
         for g, uu in gpu_uuid.items():
-            m = ops["gpu"] == g
+            m = full["gpu"] == g
             if m.any():
                 counters(f"GPU {G['label'][g]} egress GB/s", uu, m)
         for n, uu in node_uuid.items():
-            m = ops["node"] == n
+            m = full["node"] == n
             if m.any():
                 counters(f"node {labels[n]} egress GB/s", uu, m)
-        qtot = np.bincount(ops["qp_id"], weights=ops["bytes"], minlength=len(Q["qp_id"])) if len(Q["qp_id"]) else []
+        hasq = full["qp_id"] >= 0    # UCX / libfabric ops have no QP
+        qtot = np.bincount(full["qp_id"][hasq], weights=full["bytes"][hasq], minlength=len(Q["qp_id"])) \
+            if len(Q["qp_id"]) else []
         for q in np.argsort(-np.asarray(qtot))[:64]:
             if qtot[q] > 0:
-                counters(f"QP {int(Q['qpn'][q]):#x} GB/s", qp_uuid[int(q)], ops["qp_id"] == q)
+                counters(f"QP {int(Q['qpn'][q]):#x} GB/s", qp_uuid[int(q)], full["qp_id"] == q)
     if stats["truncated"]:
         u = new_uuid()
         track(u, name="sigmatrace")
-        ev(int(ops["ns"].min()) if len(ops["ns"]) else 0, u, P.TrackEvent.TYPE_INSTANT,
+        ev(int(full["ns"].min()) if len(full["ns"]) else 0, u, P.TrackEvent.TYPE_INSTANT,
            f"trace truncated at {max_events} events (see summary.json)")
     f.close()
     return stats

@@ -36,7 +36,9 @@ def build_summary(corr, con=None, perfetto_stats=None):
     from ..query import connect, run_named
     con = con or connect(corr)
     T = corr.tables
-    ops = T["ops"]
+    ops_t = T["ops"]
+    n_ops = ops_t.n_rows if hasattr(ops_t, "rows") else len(ops_t["op_id"])
+    ops = ops_t.rows(None, ("matched", "bytes", "opcode", "latency_ns")) if hasattr(ops_t, "rows") else ops_t
     n_events = int(corr.stats.get("events", 0))
     tr = corr.stats.get("time_range_ns")
     P = T["processes"]
@@ -48,11 +50,10 @@ def build_summary(corr, con=None, perfetto_stats=None):
         "events": n_events,
         "time_range_ns": [int(tr[0]), int(tr[1])] if n_events and tr else None,
         "duration_s": float((tr[1] - tr[0]) / 1e9) if n_events and tr else 0.0,
-        "operations": int(len(ops["op_id"])),
-        "operations_matched": int(ops["matched"].sum()) if len(ops["op_id"]) else 0,
-        "bytes_total": int(ops["bytes"].sum()) if len(ops["op_id"]) else 0,
-        "by_opcode": {str(k): int(v) for k, v in zip(*np.unique(ops["opcode_name"].astype(str), return_counts=True))}
-        if len(ops["op_id"]) else {},
+        "operations": int(n_ops),
+        "operations_matched": int(ops["matched"].sum()) if n_ops else 0,
+        "bytes_total": int(ops["bytes"].sum()) if n_ops else 0,
+        "by_opcode": _by_opcode(ops["opcode"]) if n_ops else {},
         "doorbells": {
             "total": int(len(T["doorbells"]["doorbell_id"])),
             "recovered": int(T["doorbells"]["complete"].sum()),
@@ -85,13 +86,22 @@ def build_summary(corr, con=None, perfetto_stats=None):
     C = T["clock"]
     s["clock"] = {"refinement": corr.clock_info,
                   "nodes": [dict(zip(C.keys(), vals)) for vals in zip(*C.values())]}
-    comp = ops["latency_ns"][ops["latency_ns"] >= 0] if len(ops["op_id"]) else np.zeros(0)
+    comp = ops["latency_ns"][ops["latency_ns"] >= 0] if n_ops else np.zeros(0)
     s["wr_latency_ns"] = ({"count": int(len(comp)), "p50": float(np.percentile(comp, 50)),
                            "p99": float(np.percentile(comp, 99)), "max": int(comp.max())} if len(comp) else {"count": 0})
     if perfetto_stats:
         s["perfetto"] = perfetto_stats
     s["warnings"] = list(corr.warnings)
     return _clean(s)
+
+
+def _by_opcode(codes):
+    from ..correlate.core import OPCODE_VOCAB
+    u, c = np.unique(np.asarray(codes, np.int64) & 0xFF, return_counts=True)
+    cnt = {}
+    for k, v in zip(u.tolist(), c.tolist()):
+        cnt[OPCODE_VOCAB[k]] = cnt.get(OPCODE_VOCAB[k], 0) + int(v)
+    return {k: cnt[k] for k in sorted(cnt)}
 
 
 def run_named_sql(name):

@@ -25,7 +25,19 @@ def named_queries() -> dict:
 
 
 def _is_report(p: Path) -> bool:
-    return p.is_dir() and (p / "tables").is_dir() and any((p / "tables").glob("*.parquet"))
+    return p.is_dir() and (p / "tables").is_dir() and any(_table_sources(p / "tables"))
+
+
+def _table_sources(tables: Path):
+    """(name, DuckDB source expression) per table: ``name.parquet`` files and ``name/`` directories of
+    part files (the events table), read as one table in part order."""
+    out = {}
+    for f in sorted(tables.glob("*.parquet")):
+        out[f.stem] = f"read_parquet('{f.as_posix()}')"
+    for d in sorted(tables.iterdir()) if tables.is_dir() else []:
+        if d.is_dir() and any(d.glob("*.parquet")):
+            out[d.name] = f"read_parquet('{(d / '*.parquet').as_posix()}')"
+    return sorted(out.items())
 
 
 def cache_dir_for(capture) -> Path:
@@ -65,14 +77,14 @@ def connect(source, con=None):
         from ..export.tables import arrow_table
         for name in source.tables:
             if name == "events" and not source.events_loaded and source.tables[name].n_rows > EVENTS_IN_MEMORY:
-                continue   # too large to load: query the written report (tables/events.parquet) instead
+                continue   # too large to load: query the written report (tables/events/) instead
             t = arrow_table(source, name)
             con.register(f"_t_{name}", t)
             con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM _t_{name}')
         return con
     rep = ensure_report(source)
-    for f in sorted((rep / "tables").glob("*.parquet")):
-        con.execute(f"CREATE OR REPLACE VIEW \"{f.stem}\" AS SELECT * FROM read_parquet('{f.as_posix()}')")
+    for name, src in _table_sources(rep / "tables"):
+        con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {src}')
     return con
 
 

@@ -1,0 +1,170 @@
+"""UCX (UCP_*) and libfabric (OFI_*) operations and their peers (F10 traces -> ops rows).
+
+Peers, from the identities the tracer records (docs/tracer.md):
+ * UCX: every UCP_WORKER_CREATE carries the worker's own address prefix (first <= 24 bytes of
+   ``ucp_worker_get_address``, hex); UCP_EP_CREATE carries the first 24 bytes of the remote worker
+   address it connects to.  An endpoint's peer is the process whose worker address prefix starts the
+   endpoint's remote prefix (unique match only).  Endpoints created from a socket address or a
+   connection request have no address: their peer stays unknown (-1).
+ * libfabric: OFI_AV_INSERT lists the inserted addresses and the fi_addr_t each got (per process);
+   OFI_ENDPOINT carries the endpoint's src_addr / dest_addr.  An operation's peer address is its fi_addr
+   (EXT x0) looked up in the process's address vectors, or, for a connected endpoint (dest_addr set), that
+   dest_addr; the peer process is the one with an endpoint whose src_addr is that address (unique only).
+Operations: one op per recorded call (UCP_PUT/GET/ATOMIC/TAG_SEND/STREAM_SEND/AM_SEND, OFI_SEND/TSEND/
+WRITE/READ/ATOMIC) with an mlx5-style opcode (put/write -> RDMA_WRITE, get/read -> RDMA_READ,
+sends -> SEND, atomics: add/sum -> ATOMIC_FA, others -> ATOMIC_CS), no QP (qp_id = -1).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+UCX_OPS = {"UCP_PUT": 0x08, "UCP_GET": 0x10, "UCP_ATOMIC": -1, "UCP_TAG_SEND": 0x0A, "UCP_STREAM_SEND": 0x0A,
+           "UCP_AM_SEND": 0x0A}
+OFI_OPS = {"OFI_SEND": 0x0A, "OFI_TSEND": 0x0A, "OFI_WRITE": 0x08, "OFI_READ": 0x10, "OFI_ATOMIC": -1}
+ID_TYPES = ("UCP_WORKER_CREATE", "UCP_EP_CREATE", "OFI_ENDPOINT", "OFI_AV_INSERT")
+UCP_ATOMIC_ADD = 0          # ucp_atomic_op_t UCP_ATOMIC_OP_ADD
+FI_SUM = 2                  # enum fi_op FI_SUM
+ATOMIC_FA, ATOMIC_CS = 0x12, 0x11
+
+
+def _hex(v):
+    if not isinstance(v, str) or not v:
+        return None
+    s = v.lower().replace(":", "").replace("0x", "").replace(" ", "")
+    return s or None
+
+
+def _addr(v):
+    return str(v).strip().lower() if isinstance(v, str) and v.strip() else None
+
+
+class Peers:
+    """(process, endpoint id) -> peer process for UCX and libfabric endpoints, and libfabric fi_addr maps."""
+
+    def __init__(self, tables, procs):
+        self.ucx_ep = {}        # (process, ep) -> process
+        self.ofi_ep = {}        # (process, ep) -> peer process of a connected endpoint
+        self.ofi_fi = {}        # (process, fi_addr) -> process
+        # UCX: own worker address prefixes
+        own = {}                # prefix length -> {prefix: set(process)}
+        w = tables.get("UCP_WORKER_CREATE")
+        for p, sid in _pairs(w, "side_id"):
+            js = procs[p].side_json.get(sid)
+            pref = _hex(js.get("address_prefix")) if isinstance(js, dict) else None
+            if pref:
+                own.setdefault(len(pref), {}).setdefault(pref, set()).add(p)
+        e = tables.get("UCP_EP_CREATE")
+        for (p, sid), ep in zip(_pairs(e, "side_id"), _col(e, "ep")):
+            js = procs[p].side_json.get(sid)
+            rp = _hex(js.get("remote_address_prefix")) if isinstance(js, dict) else None
+            if not rp:
+                continue
+            cand = set()
+            for ln, d in own.items():
+                cand |= d.get(rp[:ln], set())
+            if len(cand) == 1:
+                self.ucx_ep[(p, int(ep))] = next(iter(cand))
+        # libfabric: endpoint addresses
+        by_src = {}
+        dest = {}
+        o = tables.get("OFI_ENDPOINT")
+        for (p, sid), ep in zip(_pairs(o, "side_id"), _col(o, "ep")):
+            js = procs[p].side_json.get(sid)
+            if not isinstance(js, dict):
+                continue
+            src = _addr(js.get("src_addr"))
+            if src:
+                by_src.setdefault(src, set()).add(p)
+            d = _addr(js.get("dest_addr"))
+            if d:
+                dest[(p, int(ep))] = d
+        uniq = {a: next(iter(s)) for a, s in by_src.items() if len(s) == 1}
+        for key, d in dest.items():
+            if d in uniq:
+                self.ofi_ep[key] = uniq[d]
+        a = tables.get("OFI_AV_INSERT")
+        seen = {}
+        for p, sid in _pairs(a, "side_id"):
+            js = procs[p].side_json.get(sid)
+            if not isinstance(js, dict):
+                continue
+            for addr, fi in zip(js.get("addrs") or [], js.get("fi_addrs") or []):
+                key = (p, int(fi))
+                ad = _addr(addr)
+                if key in seen and seen[key] != ad:       # two AVs gave the same fi_addr different addresses
+                    seen[key] = None
+                else:
+                    seen[key] = ad
+        for key, ad in seen.items():
+            if ad is not None and ad in uniq:
+                self.ofi_fi[key] = uniq[ad]
+
+    def ucx(self, proc, ep):
+        return _map(self.ucx_ep, proc, ep)
+
+    def ofi(self, proc, ep, fi_addr):
+        """Connected endpoint: its dest_addr's process; else the fi_addr's."""
+        res = _map(self.ofi_ep, proc, ep)
+        miss = res < 0
+        if miss.any():
+            res[miss] = _map(self.ofi_fi, proc[miss], fi_addr[miss])
+        return res
+
+
+def _col(t, name):
+    return t[name] if t is not None and name in t else np.zeros(0, np.int64)
+
+
+def _pairs(t, sid_col):
+    if t is None or not len(t["tsc"]):
+        return []
+    return list(zip(t["process"].astype(np.int64).tolist(), t[sid_col].astype(np.int64).tolist()))
+
+
+def _map(d, a, b):
+    a = np.asarray(a, np.int64)
+    b = np.asarray(b, np.int64)
+    out = np.full(len(a), -1, np.int64)
+    if not d or not len(a):
+        return out
+    keys = np.array([(k[0] << 40) ^ (k[1] & ((1 << 40) - 1)) for k in d], np.int64)
+    vals = np.array(list(d.values()), np.int64)
+    o = np.argsort(keys)
+    keys, vals = keys[o], vals[o]
+    q = (a << 40) ^ (b & ((1 << 40) - 1))
+    pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+    hit = keys[pos] == q
+    out[hit] = vals[pos[hit]]
+    return out
+
+
+def op_parts(tables, peers, src_ucx, src_ofi):
+    """Ops rows (base columns + dst_proc) for the UCX and libfabric operation records."""
+    parts = []
+    for names, src in ((UCX_OPS, src_ucx), (OFI_OPS, src_ofi)):
+        for name, code in names.items():
+            t = tables.get(name)
+            if t is None or not len(t["tsc"]):
+                continue
+            n = len(t["tsc"])
+            proc = t["process"].astype(np.int64)
+            ep = t["ep"].astype(np.int64)
+            if code == -1:
+                op = t["op"].astype(np.int64)
+                codes = np.where(op == (UCP_ATOMIC_ADD if src == src_ucx else FI_SUM), ATOMIC_FA, ATOMIC_CS)
+            else:
+                codes = np.full(n, code, np.int64)
+            if src == src_ucx:
+                raddr = t["raddr"] if "raddr" in t else np.zeros(n, np.uint64)
+                dst = peers.ucx(proc, ep)
+            else:
+                raddr = t["raddr"] if "raddr" in t else np.zeros(n, np.uint64)
+                dst = peers.ofi(proc, ep, t["dest"].astype(np.int64))
+            parts.append(dict(
+                source=np.full(n, src, np.int8), process=proc, thread=t["thread"], qp_id=np.full(n, -1, np.int32),
+                tsc=t["tsc"], opcode=codes, bytes=t["bytes"].view(np.int64) if t["bytes"].dtype == np.uint64
+                else t["bytes"].astype(np.int64), raddr=np.asarray(raddr, np.uint64), rkey=np.zeros(n, np.uint32),
+                wr_id=np.full(n, -1, np.int64), num_wr=np.ones(n, np.int32), doorbell_id=np.full(n, -1, np.int32),
+                wqe_id=np.full(n, -1, np.int32), signaled=np.zeros(n, bool), gpu=np.full(n, -1, np.int32),
+                dst_proc=dst))
+    return parts
