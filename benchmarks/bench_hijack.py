@@ -46,6 +46,8 @@ def _env(mode, tmp, extra_ld):
     ncpu = os.cpu_count() or 1
     if ncpu >= 4:
         env.setdefault("SIGMATRACE_POLLER_SPIN_US", "-1")
+        # the emulated NIC busy-polls too, so its idle sleep does not set the baseline
+        env.setdefault("SIGMATRACE_EMU_NIC_SPIN", "1")
         # one core per poller (the client rings two doorbell pages): two pollers
         # spinning on one core take turns by scheduler time slice (milliseconds)
         env.setdefault("SIGMATRACE_POLLER_CPUS", f"{ncpu - 2}-{ncpu - 1}")

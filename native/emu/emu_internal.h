@@ -245,6 +245,7 @@ struct emu_nic {
 	pthread_t thread;
 	volatile int running;
 	int refcnt;
+	int busy_poll;   /* SIGMATRACE_EMU_NIC_SPIN: never sleep when idle */
 	/* identity */
 	char dev_name[64];
 	uint64_t guid;

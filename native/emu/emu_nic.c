@@ -80,6 +80,9 @@ static void nic_config(struct emu_nic *nic)
 {
 	const char *e;
 	emu_debug = (e = getenv("SIGMATRACE_EMU_DEBUG")) && *e && *e != '0';
+	/* Busy-poll instead of sleeping when idle: for latency baselines on machines
+	 * with a core to spare (a sleeping NIC thread would set the baseline). */
+	nic->busy_poll = (e = getenv("SIGMATRACE_EMU_NIC_SPIN")) && *e && *e != '0';
 	e = getenv("SIGMATRACE_EMU_DEV_NAME");
 	snprintf(nic->dev_name, sizeof nic->dev_name, "%s", e && *e ? e : "mlx5_0");
 	e = getenv("SIGMATRACE_EMU_FABRIC");
@@ -1410,6 +1413,12 @@ static void *nic_main(void *arg)
 		if (work) {
 			idle = 0;
 			backoff_us = 20;
+			continue;
+		}
+		if (nic->busy_poll) {
+#if defined(__x86_64__) || defined(__i386__)
+			__builtin_ia32_pause();
+#endif
 			continue;
 		}
 		if (++idle < 64) {
