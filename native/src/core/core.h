@@ -165,13 +165,16 @@ static inline void st_ev(uint16_t type, uint16_t aux, uint32_t obj, uint64_t arg
 	st_commit();
 }
 
-static inline void st_ev_ext(uint16_t type, uint16_t aux, uint32_t obj, uint64_t arg,
-			     uint64_t x0, uint16_t x1, uint32_t x2, uint64_t x3)
+/* A record and its EXT continuation, stamped with a time taken earlier (post
+ * wrappers stamp the application's call but write after it returns, when the
+ * return value and the bad work request are known). */
+static inline void st_ev_ext_at(uint64_t tsc, uint16_t type, uint16_t aux, uint32_t obj, uint64_t arg,
+				uint64_t x0, uint16_t x1, uint32_t x2, uint64_t x3)
 {
 	struct st_event *e = st_reserve(2);
 	if (unlikely(!e))
 		return;
-	e[0].tsc = st_tsc();
+	e[0].tsc = tsc;
 	e[0].type = type;
 	e[0].aux = aux;
 	e[0].obj = obj;
@@ -182,6 +185,12 @@ static inline void st_ev_ext(uint16_t type, uint16_t aux, uint32_t obj, uint64_t
 	e[1].obj = x2;
 	e[1].arg = x3;
 	st_commit();
+}
+
+static inline void st_ev_ext(uint16_t type, uint16_t aux, uint32_t obj, uint64_t arg,
+			     uint64_t x0, uint16_t x1, uint32_t x2, uint64_t x3)
+{
+	st_ev_ext_at(st_tsc(), type, aux, obj, arg, x0, x1, x2, x3);
 }
 
 /* Aggregate mode: count one operation under (type, aux, obj, peer). */

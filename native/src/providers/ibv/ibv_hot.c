@@ -96,11 +96,11 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 			wr_remote(w, &raddr, &rkey);
 			if (qp->qp_type == IBV_QPT_UD && !raddr)
 				raddr = w->wr.ud.remote_qpn;
-			st_ibv_ev_at(t0, ST_EV_IBV_SEND_WR, (uint16_t)((w->opcode & 0xff) | ((w->send_flags & 0xff) << 8)),
+			st_ev_ext_at(t0, ST_EV_IBV_SEND_WR, (uint16_t)((w->opcode & 0xff) | ((w->send_flags & 0xff) << 8)),
 				     qpn, w->wr_id, raddr, (uint16_t)w->num_sge, rkey, bytes);
 		}
 	}
-	st_ibv_ev_at(t0, ST_EV_IBV_POST_SEND, (uint16_t)(n > 0xffff ? 0xffff : n), qpn, total,
+	st_ev_ext_at(t0, ST_EV_IBV_POST_SEND, (uint16_t)(n > 0xffff ? 0xffff : n), qpn, total,
 		     wr ? wr->wr_id : 0, wr ? (uint16_t)wr->opcode : 0, (uint32_t)ret, 0);
 	errno = saved;
 	return ret;
@@ -133,11 +133,11 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 		total += bytes;
 		n++;
 		if (full)
-			st_ibv_ev_at(t0, ST_EV_IBV_RECV_WR, (uint16_t)w->num_sge, qpn, w->wr_id,
+			st_ev_ext_at(t0, ST_EV_IBV_RECV_WR, (uint16_t)w->num_sge, qpn, w->wr_id,
 				     w->num_sge ? w->sg_list[0].addr : 0, 0, w->num_sge ? w->sg_list[0].lkey : 0,
 				     bytes);
 	}
-	st_ibv_ev_at(t0, ST_EV_IBV_POST_RECV, (uint16_t)(n > 0xffff ? 0xffff : n), qpn, total, wr ? wr->wr_id : 0, 0,
+	st_ev_ext_at(t0, ST_EV_IBV_POST_RECV, (uint16_t)(n > 0xffff ? 0xffff : n), qpn, total, wr ? wr->wr_id : 0, 0,
 		     (uint32_t)ret, 0);
 	errno = saved;
 	return ret;
@@ -324,7 +324,7 @@ static void xwr_flush(struct st_ibv_qp *q, uint64_t tsc)
 	} else if (st_full()) {
 		for (uint32_t i = 0; i < q->xn; i++) {
 			const struct st_ibv_xwr *w = &q->xwr[i];
-			st_ibv_ev_at(tsc, ST_EV_IBV_SEND_WR, (uint16_t)(w->opcode | (w->flags << 8)), qpn, w->wr_id,
+			st_ev_ext_at(tsc, ST_EV_IBV_SEND_WR, (uint16_t)(w->opcode | (w->flags << 8)), qpn, w->wr_id,
 				     w->raddr, w->num_sge, w->rkey, w->bytes);
 		}
 	}

@@ -141,26 +141,4 @@ void st_ibv_patch_ops(struct st_ibv_ctx *c, struct ibv_context *ctx) ST_HIDDEN;
 /* A libibverbs function the wrappers need but do not wrap. */
 void *st_ibv_sym(const char *name) ST_HIDDEN;
 
-/* Write a record (and its EXT) with a timestamp taken earlier: the post
- * wrappers stamp events with the time the application called, but write them
- * after the call, when the return value and the bad WR are known. */
-static inline void st_ibv_ev_at(uint64_t tsc, uint16_t type, uint16_t aux, uint32_t obj, uint64_t arg,
-				uint64_t x0, uint16_t x1, uint32_t x2, uint64_t x3)
-{
-	struct st_event *e = st_reserve(2);
-	if (unlikely(!e))
-		return;
-	e[0].tsc = tsc;
-	e[0].type = type;
-	e[0].aux = aux;
-	e[0].obj = obj;
-	e[0].arg = arg;
-	e[1].tsc = x0;
-	e[1].type = ST_EV_EXT;
-	e[1].aux = x1;
-	e[1].obj = x2;
-	e[1].arg = x3;
-	st_commit();
-}
-
 #endif /* ST_PROV_IBV_INTERNAL_H */
