@@ -5,8 +5,10 @@ every ibv_poll_cq, every completion — the Table I workload): 32 nodes x 4 GPUs
 as needed for BENCH_EVENTS primary events (default 20 M; one capture.bin, ~0.8 GB).  Each pipeline run is
 a fresh subprocess (so that peak RSS is its own): ``correlate(workers=W)`` + ``write_tables`` (W worker
 processes decode the capture and write the events table as part files, the per-operation tables are
-written in row ranges).  One test prints both worker counts side by side (wall time, events/s/core =
-events / wall / W, peak RSS of the main process and of the largest worker, main peak bytes per event):
+written in row ranges).  One test prints side by side: ``decode_file`` alone with the C decode kernel
+(libsigmatrace_decode.so) and with the numpy path, then both worker counts with the kernel and without it
+(SIGMATRACE_NO_KERNEL=1) (wall time, events/s/core = events / wall / W, peak RSS of the main process and of
+the largest worker, main peak bytes per event):
 
     python -m pytest benchmarks/bench_report.py -s -p no:cacheprovider
 
@@ -61,14 +63,46 @@ def make_capture(path, events):
     return r.events, time.perf_counter() - t
 
 
-def run_pipeline(cap, workers, out):
-    code = _RUN.format(paths=[str(ROOT), str(ROOT / "sim")], cap=str(cap), workers=workers, out=str(out))
+_DECODE = r"""
+import json, statistics, sys, time
+sys.path[:0] = {paths!r}
+from sigmatrace.correlate import _kernel, decode
+res = {{}}
+for mode in ("kernel", "numpy"):
+    if mode == "kernel" and _kernel.get() is None:
+        continue
+    ts = []
+    for _ in range({reps}):
+        t = time.perf_counter()
+        fd = decode.decode_file({cap!r}, kernel=(mode == "kernel"))
+        ts.append(time.perf_counter() - t)
+    n = sum(p.n_events for p in fd.processes)
+    res[mode] = dict(events=n, s=statistics.median(ts), s_all=ts)
+print(json.dumps(res))
+"""
+
+
+def run_decode(cap, reps=3):
+    """decode_file alone (one process, one core), C kernel vs numpy path: median seconds of ``reps``."""
+    code = _DECODE.format(paths=[str(ROOT), str(ROOT / "sim")], cap=str(cap), reps=reps)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT))
+    if r.returncode != 0:
+        return dict(error=(r.stderr or r.stdout)[-1500:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_pipeline(cap, workers, out, kernel=True):
+    code = _RUN.format(paths=[str(ROOT), str(ROOT / "sim")], cap=str(cap), workers=workers, out=str(out))
+    env = dict(os.environ)
+    if not kernel:
+        env["SIGMATRACE_NO_KERNEL"] = "1"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), env=env)
     shutil.rmtree(out, ignore_errors=True)
     if r.returncode != 0:
         return dict(error=(r.stderr or r.stdout)[-1500:], returncode=r.returncode)
     d = json.loads(r.stdout.strip().splitlines()[-1])
     d["workers"] = workers
+    d["kernel"] = kernel
     d["events_per_s"] = d["events"] / d["total_s"]
     d["events_per_s_per_core"] = d["events_per_s"] / workers
     # peak of the main process or of one decode worker, whichever is larger (both live at the same time
@@ -88,27 +122,45 @@ def capture(tmp_path_factory):
 
 
 def test_report_throughput_and_memory(benchmark, capture, tmp_path):
+    """Side by side: decode alone (C kernel vs numpy), then the pipeline with 1 and 2 workers, with the kernel
+    and with SIGMATRACE_NO_KERNEL=1 (the numpy path).  BENCH_REPEAT=N runs each pipeline N times (median)."""
+    from sigmatrace.correlate import _kernel
     cap, n, gen_s = capture
     size = cap.stat().st_size
+    reps = max(1, int(os.environ.get("BENCH_REPEAT", 1)))
+    have_kernel = _kernel.get() is not None
     rows = {}
+    dec = {}
 
     def go():
-        for w in (1, 2):
-            rows[w] = run_pipeline(cap, w, tmp_path / f"out{w}")
+        dec.update(run_decode(cap))
+        for kern in ((True, False) if have_kernel else (False,)):
+            for w in (1, 2):
+                runs = [run_pipeline(cap, w, tmp_path / f"out{w}", kernel=kern) for _ in range(reps)]
+                bad = [r for r in runs if "error" in r]
+                rows[(kern, w)] = bad[0] if bad else sorted(runs, key=lambda r: r["total_s"])[len(runs) // 2]
 
     benchmark.pedantic(go, rounds=1, iterations=1)
+    assert "error" not in dec, dec
     for w, r in rows.items():
         assert "error" not in r, r
     print(f"\ncapture: {n:,} events, {size / 2**20:.0f} MiB (allreduce full mode, 32x4 GPUs; written in {gen_s:.1f} s)")
-    print(f"{'workers':>8} {'total s':>9} {'correlate s':>12} {'tables s':>9} {'M ev/s':>8} {'M ev/s/core':>12} "
-          f"{'main RSS MiB':>13} {'worker RSS MiB':>15} {'B/event':>8}")
-    for w, r in rows.items():
-        print(f"{w:>8} {r['total_s']:>9.2f} {r['correlate_s']:>12.2f} {r['tables_s']:>9.2f} "
-              f"{r['events_per_s'] / 1e6:>8.2f} {r['events_per_s_per_core'] / 1e6:>12.2f} "
+    print("decode_file alone (1 core, median of 3):")
+    for mode, d in dec.items():
+        print(f"  {mode:>6}: {d['s']:.2f} s  {d['events'] / d['s'] / 1e6:.1f} M events/s")
+    if "kernel" in dec and "numpy" in dec:
+        print(f"  kernel speed-up {dec['numpy']['s'] / dec['kernel']['s']:.2f}x")
+    print(f"{'decode':>7} {'workers':>8} {'total s':>9} {'correlate s':>12} {'tables s':>9} {'M ev/s':>8} "
+          f"{'M ev/s/core':>12} {'main RSS MiB':>13} {'worker RSS MiB':>15} {'B/event':>8}")
+    for (kern, w), r in rows.items():
+        print(f"{'kernel' if kern else 'numpy':>7} {w:>8} {r['total_s']:>9.2f} {r['correlate_s']:>12.2f} "
+              f"{r['tables_s']:>9.2f} {r['events_per_s'] / 1e6:>8.2f} {r['events_per_s_per_core'] / 1e6:>12.2f} "
               f"{r['maxrss_kb'] / 1024:>13.0f} {r['children_maxrss_kb'] / 1024:>15.0f} {r['rss_bytes_per_event']:>8.1f}")
-    speedup = rows[1]["total_s"] / rows[2]["total_s"]
+    k = have_kernel
+    speedup = rows[(k, 1)]["total_s"] / rows[(k, 2)]["total_s"]
     print(f"2-worker speed-up {speedup:.2f}x; goal >= 10 M events/s/core")
-    benchmark.extra_info.update(events=n, capture_bytes=size, runs={str(k): v for k, v in rows.items()},
+    benchmark.extra_info.update(events=n, capture_bytes=size, decode=dec,
+                                runs={f"{'kernel' if a else 'numpy'}-{b}": v for (a, b), v in rows.items()},
                                 speedup_2_workers=speedup, goal_events_per_s_per_core=10e6)
 
 

@@ -77,3 +77,14 @@ def build_info():
             except (OSError, ValueError):
                 return None
     return None
+
+
+def decode_library():
+    """Path of the reader-side decode kernel (libsigmatrace_decode.so, see correlate._kernel) or None.
+
+    Kept out of libsigmatrace.so, which is preloaded into traced programs."""
+    for d in candidate_dirs():
+        p = d / "libsigmatrace_decode.so"
+        if p.is_file():
+            return p
+    return None

@@ -373,8 +373,14 @@ class TimeBase:
             return np.zeros(0, np.int64)
         tsc0, ns0, slope, off, drift, ref, corr = self._params()
         node = self.proc_node[proc_idx.astype(np.int64)]
-        if node.ndim == 0:
-            node = np.full(len(tsc), int(node))
+        if node.ndim == 0:   # one process (the events-table batches): the same arithmetic on scalars, no gathers
+            k = int(node)
+            t = np.asarray(tsc).astype(np.int64)
+            t -= tsc0[k]
+            t = ns0[k] + np.rint(t.astype(np.float64) * slope[k]).astype(np.int64)
+            if first or not corr[k]:
+                return t
+            return t + np.rint(off[k] + drift[k] * (t - ref[k]).astype(np.float64)).astype(np.int64)
         d = np.asarray(tsc).astype(np.int64) - tsc0[node]
         t = ns0[node] + np.rint(d.astype(np.float64) * slope[node]).astype(np.int64)
         if first or not corr.any():

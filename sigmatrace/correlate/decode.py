@@ -327,8 +327,146 @@ def _type_tables(ev, is_ext, sel, thr):
     return out
 
 
-def decode_file(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:
-    """Decode one file (or the chunks that start in [start, stop)); never raises for bad content."""
+def decode_file(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS, kernel=None) -> FileDecode:
+    """Decode one file (or the chunks that start in [start, stop)); never raises for bad content.
+
+    Uses the C decode kernel (``_kernel``) when it is built and not disabled (``SIGMATRACE_NO_KERNEL=1``),
+    else the numpy path below; both give identical results.  ``kernel``: True / False forces one."""
+    if kernel is None or kernel:
+        from . import _kernel
+        k = _kernel.get()
+        if k is not None:
+            try:
+                return _decode_file_kernel(k, path, start, stop, batch_records)
+            except (_KernelMismatch, RuntimeError):
+                pass   # the kernel and the reader disagreed about a chunk (or a kernel call failed): numpy path
+        elif kernel:
+            raise RuntimeError("decode kernel not available")
+    return _decode_file_numpy(path, start, stop, batch_records)
+
+
+class _KernelMismatch(Exception):
+    pass
+
+
+def _decode_file_kernel(k, path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:
+    """``decode_file`` with the C kernel: chunk validation + CRC, EXT join and per-type scatter in C; the
+    Python side handles metadata chunks and does O(chunks) work per batch.  Chunks the kernel rejects are
+    handed to ``iter_chunks`` (recover mode), which reports the loss and finds the next valid chunk."""
+    path = str(path)
+    out = FileDecode(path, start=int(start))
+    procs: dict[int, int] = {}
+    plist: list[ProcDecode] = []
+    losses = []
+    batch_records = max(1, int(batch_records))
+    buf = None
+    try:
+        buf = open_buffer(path)
+        n = len(buf)
+        lim = n if stop is None else min(n, int(stop))
+        off = int(start)
+        with k.buffer(buf) as bp:
+            while off < lim:
+                ch, tc, nxt, status = k.scan(bp, n, off, lim, batch_records)
+                if len(ch):
+                    _kernel_batch(k, bp, n, buf, ch, tc, procs, plist, out)
+                off = nxt
+                if status == 2:   # the reader decides what the chunk at `off` is (loss, resync, end)
+                    g = iter_chunks(path, errors="recover", losses=losses, data=buf, start=off, stop=stop)
+                    try:
+                        c = next(g, None)
+                    finally:
+                        g.close()
+                    if c is None:
+                        break
+                    if c.offset == off:
+                        raise _KernelMismatch(off)
+                    off = c.offset
+    except TraceFormatError as e:
+        out.error = str(e)
+    except OSError as e:
+        out.error = f"{path}: {e}"
+    out.losses = [(l.path, l.offset, l.nbytes, l.reason) for l in losses]
+    out.processes = [p.finish() for p in plist]
+    return out
+
+
+def _kernel_batch(k, bp, n, buf, ch, tc, procs, plist, out):
+    """One scan result (validated chunks, file order) -> process metadata, chunk index, typed columns."""
+    uids = ch["uid"]
+    uq, first, inv = np.unique(uids, return_index=True, return_inverse=True)
+    for j in np.argsort(first, kind="stable").tolist():   # processes in order of first appearance
+        u = int(uq[j])
+        if u not in procs:
+            procs[u] = len(plist)
+            plist.append(ProcDecode(u, out.path))
+    pmap = np.array([procs[int(u)] for u in uq.tolist()], np.int64)
+    pidx = pmap[inv.reshape(-1)]
+    kind = ch["kind"]
+    is_ev = kind == L.CHUNK_EVENTS
+    if not is_ev.all():
+        mv = memoryview(buf)
+        for j in np.flatnonzero(~is_ev).tolist():
+            r = ch[j]
+            o, kd, cnt, thread = int(r["offset"]), int(r["kind"]), int(r["count"]), int(r["thread"])
+            payload = mv[o + L.CHUNK_HEADER_SIZE: o + L.CHUNK_HEADER_SIZE + int(r["plen"])]
+            proc = plist[int(pidx[j])]
+            _meta_chunk(proc, kd, payload, cnt, thread, o, out)
+        del mv, payload
+    ev = ch[is_ev]
+    if not len(ev):
+        return
+    out.records += int(ev["count"].sum())
+    nz = ev["count"] > 0
+    ev = ev[nz]
+    if not len(ev):
+        return
+    evp = pidx[is_ev][nz]
+    tc = tc[is_ev][nz]
+    ci = np.zeros(len(ev), CHUNK_INDEX_DTYPE)
+    ci["offset"], ci["count"], ci["thread"] = ev["offset"], ev["count"], ev["thread"]
+    ci["events"], ci["tsc_min"], ci["tsc_max"] = ev["events"], ev["tsc_min"], ev["tsc_max"]
+    groups = [(int(evp[0]), slice(None))] if (evp == evp[0]).all() else \
+        [(pi, np.flatnonzero(evp == pi)) for pi in np.unique(evp).tolist()]
+    for pi, m in groups:
+        p = plist[pi]
+        c = ci[m]
+        p.n_events += int(c["events"].sum())
+        p.n_records += int(c["count"].sum())
+        p._chunks.append(c)
+        tabs = k.fill(bp, n, c["offset"], c["count"], c["thread"], tc[m].sum(0, dtype=np.int64))
+        if tabs:
+            p._typed.append(tabs)
+    drop_pages(buf, int(ev["offset"][-1]))
+
+
+def _meta_chunk(proc, kind, payload, count, thread, offset, out):
+    """A non-EVENTS chunk (the numpy path's per-chunk branches)."""
+    path = out.path
+    if kind == L.CHUNK_PROCESS:
+        h = _json(payload, path, offset, out.warnings)
+        if h is not None:
+            v = h.get("format_version", L.VERSION)
+            if v != L.VERSION:
+                out.warnings.append(f"{path}: process {proc.uid:#x} header says format version {v}; "
+                                    f"read as version {L.VERSION}")
+            proc.header = h
+    elif kind == L.CHUNK_SIDE:
+        _sides(proc, payload, count)
+    elif kind == L.CHUNK_CALIBRATION:
+        proc._calib.append(np.frombuffer(payload, L.CALIBRATION_DTYPE, count).copy())
+    elif kind == L.CHUNK_AGGREGATE:
+        proc._aggs.append((np.frombuffer(payload, L.AGGREGATE_DTYPE, count).copy(), thread))
+    elif kind == L.CHUNK_THREAD:
+        t = _json(payload, path, offset, out.warnings)
+        if t is not None:
+            proc.threads[thread] = t
+    elif kind == L.CHUNK_END:
+        proc.end = _json(payload, path, offset, out.warnings)
+
+
+def _decode_file_numpy(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:
+    """The numpy path of ``decode_file`` (no compiled kernel)."""
     path = str(path)
     out = FileDecode(path, start=int(start))
     procs: dict[int, int] = {}
@@ -440,6 +578,8 @@ def iter_event_batches(procs, batch_records=DEFAULT_BATCH_RECORDS):
     batch of whole chunks.  Each chunk's records are read with ``preadv`` straight into the batch
     array (no memory map: no page faults, nothing of the file resident beyond the batch).
     """
+    from . import _kernel
+    kern = _kernel.get()
     fds = {}
     batch_records = max(1, int(batch_records))
     rec = L.EVENT_DTYPE.itemsize
@@ -472,8 +612,12 @@ def iter_event_batches(procs, batch_records=DEFAULT_BATCH_RECORDS):
                         raise OSError(f"{p.path}: short read at offset {o} (file changed since it was decoded?)")
                     pos += nb
                 del mv
-                thr = np.repeat(sl["thread"], sl["count"])
-                yield i, split_ext(ev, thr)
+                cols = None
+                if kern is not None:
+                    cols = kern.split(ev, sl["count"], sl["thread"], int(sl["events"].sum()))
+                if cols is None:
+                    cols = split_ext(ev, np.repeat(sl["thread"], sl["count"]))
+                yield i, cols
                 j = k
     finally:
         for f in fds.values():

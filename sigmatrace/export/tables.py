@@ -218,7 +218,7 @@ def _write_part(task):
             i = items[k][0]
             m = len(cols["tsc"])
             cols["process"] = np.full(m, i, np.int32)
-            cols["ns"] = to_ns(np.full(m, i, np.int64), cols["tsc"])
+            cols["ns"] = to_ns(np.int64(i), cols["tsc"])    # one process per batch: scalar clock parameters
             cols["node"] = np.full(m, int(proc_node[i]), np.int32)
             t = events_arrow(cols)
             if writer is None:
