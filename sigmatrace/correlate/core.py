@@ -446,7 +446,14 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
         if labels[n] is None:
             labels[n] = str(h.get("host") or next(k for k, v in node_key.items() if v == n))
     if len(set(labels)) < len(labels):
-        labels = [f"{l}#{k}" for k, l in enumerate(labels)]
+        # several nodes on one host (SIGMATRACE_NODE_ID per process, emulated nodes): their node ids
+        # are the distinct names; host#k only where a node id is just the host name
+        keys = [None] * len(node_key)
+        for k, v in node_key.items():
+            keys[v] = k
+        dup = {l for l in labels if labels.count(l) > 1}
+        labels = [(keys[k] if keys[k] != l and keys[k] not in labels else f"{l}#{k}") if l in dup else l
+                  for k, l in enumerate(labels)]
     out.node_labels = labels
     rk, cnt = np.unique(ranks[ranks >= 0], return_counts=True)
     for r in rk[cnt > 1]:

@@ -67,6 +67,7 @@ class Peers:
         # libfabric: endpoint addresses
         by_src = {}
         dest = {}
+        srcs = {}
         o = tables.get("OFI_ENDPOINT")
         for (p, sid), ep in zip(_pairs(o, "side_id"), _col(o, "ep")):
             js = procs[p].side_json.get(sid)
@@ -75,6 +76,7 @@ class Peers:
             src = _addr(js.get("src_addr"))
             if src:
                 by_src.setdefault(src, set()).add(p)
+                srcs[(p, int(ep))] = src
             d = _addr(js.get("dest_addr"))
             if d:
                 dest[(p, int(ep))] = d
@@ -82,6 +84,7 @@ class Peers:
         for key, d in dest.items():
             if d in uniq:
                 self.ofi_ep[key] = uniq[d]
+        self._ofi_connected_fallback(dest, srcs)
         a = tables.get("OFI_AV_INSERT")
         seen = {}
         for p, sid in _pairs(a, "side_id"):
@@ -99,6 +102,31 @@ class Peers:
             if ad is not None and ad in uniq:
                 self.ofi_fi[key] = uniq[ad]
 
+    def _ofi_connected_fallback(self, dest, srcs):
+        """Connected endpoints whose dest_addr matches no recorded src_addr exactly.  A msg endpoint's
+        src_addr is the fi_info's (the tracer records it at fi_endpoint, before the connection binds
+        it), often with port 0, so its real local port is unknown.  Then the peer is the other
+        process's connected endpoint whose src host:port fits this dest_addr (port 0 = any) and whose
+        own dest_addr fits this endpoint's src_addr the same way -- accepted only when exactly one
+        process has such an endpoint."""
+        by_host = {}            # src host -> connected endpoints with a src_addr there
+        for other, od in dest.items():
+            hp = _hostport(srcs.get(other) or "")
+            if hp is not None:
+                by_host.setdefault(hp[0], []).append((other, od))
+        for key, d in dest.items():
+            mine, hp = srcs.get(key), _hostport(d)
+            if key in self.ofi_ep or mine is None or hp is None:
+                continue
+            cand = set()
+            for other, od in by_host.get(hp[0], ()):
+                if other[0] != key[0] and _fits(d, srcs[other]) and _fits(od, mine):
+                    cand.add(other[0])
+                    if len(cand) > 1:
+                        break
+            if len(cand) == 1:
+                self.ofi_ep[key] = next(iter(cand))
+
     def ucx(self, proc, ep):
         return _map(self.ucx_ep, proc, ep)
 
@@ -109,6 +137,22 @@ class Peers:
         if miss.any():
             res[miss] = _map(self.ofi_fi, proc[miss], fi_addr[miss])
         return res
+
+
+def _hostport(a):
+    """'host:port' / '[v6]:port' -> (host, port); None when the address has no numeric port."""
+    host, sep, port = a.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _fits(dest, src):
+    """A dest_addr that a (possibly unbound, port 0) src_addr can be: same host, same port or port 0."""
+    d, s = _hostport(dest), _hostport(src)
+    if d is None or s is None:
+        return False
+    return d[0] == s[0] and (s[1] == 0 or s[1] == d[1])
 
 
 def _col(t, name):

@@ -301,7 +301,7 @@ void st_ibv_context_opened(struct ibv_context *ctx)
 		publish_nic(c->name, buf);
 	/* the event's JSON: the same object plus the context id */
 	char ev[2200];
-	int n = snprintf(ev, sizeof(ev), "{\"ctx\":%u,\"device\":%s", c->id, j.overflow ? "null}" : buf + 1);
+	int n = snprintf(ev, sizeof(ev), "{\"ctx\":%u,\"device\":%s}", c->id, j.overflow ? "null" : buf);
 	uint64_t side = (n > 0 && (size_t)n < sizeof(ev)) ? st_side_json(ev, (size_t)n) : 0;
 	st_ev(ST_EV_IBV_OPEN_DEVICE, 0, c->id, side);
 	errno = saved;
