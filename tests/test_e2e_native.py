@@ -370,8 +370,6 @@ def test_devx_two_processes_topology(devx_run):
 @needs_emu
 @needs_tracer
 @needs_mlx5_provider
-@pytest.mark.xfail(strict=True, reason="tracer gap: doorbells a CPU rings on a DevX UAR (no CUDA, no hijack) "
-                   "are not recorded, so emu_ibgda_client's WQEs never become operations")
 def test_devx_two_processes_ops_matched(devx_run):
     cap, out, corr, init_out, target_out = devx_run
     ndb = len(re.findall(r"^DB qpn=", init_out, re.M))

@@ -48,6 +48,7 @@ static struct {
 	int cpus[64];
 	int ncpus;
 	int wait_kind;        /* 0 spin, 1 umwait, 2 mwaitx */
+	int cpu_doorbells;    /* proxy DevX UARs at allocation (F24d) */
 } cfg;
 
 static int has_waitpkg(void), has_monitorx(void);
@@ -101,6 +102,10 @@ static void cfg_load(void)
 		}
 		free(s);
 	}
+	cfg.cpu_doorbells = 1;
+	v = getenv("SIGMATRACE_CPU_DOORBELLS");
+	if (v && *v)
+		cfg.cpu_doorbells = atoi(v) != 0;
 	cfg.wait_kind = has_waitpkg() ? 1 : has_monitorx() ? 2 : 0;
 	v = getenv("SIGMATRACE_POLLER_WAIT");
 	if (v && !strcmp(v, "spin"))
@@ -368,11 +373,38 @@ struct page {
 	uint32_t batch_wqebb;            /* WQEBBs in the open batch */
 	uint64_t unknown_qp, copies, sync_waits, guard_waits;
 	uint64_t fwd_ns_sum;
+	/* CPU doorbells (F24d): proxy is the page the application's reg_addr
+	 * points into since mlx5dv_devx_alloc_uar; the GPU, if it asks for a
+	 * device pointer, gets one to gproxy (registered by us); one poller
+	 * watches both. */
+	int cpuproxy;
+	uintptr_t cpu_reg;         /* the real reg_addr */
+	uint8_t *gproxy;
+	int gwatch;                /* poller scans gproxy (atomic) */
+	uint64_t glast[MAX_WATCH];
+	int gpu_want;              /* atomic: 1 attach CUDA, 0 detach */
+	uint32_t gpu_seq, gpu_ack; /* requests posted / done (atomic) */
+	uint32_t gpu_seen;         /* poller-private */
+	int cuda_on;               /* poller-private: stream/events/pinned stage set up */
+	int installed;             /* poller-private: DB_HIJACK_INSTALL emitted */
+	int quiesce, quiesced;     /* process exit: summary out, then forward only (atomic) */
 };
 
 static struct page pages[MAX_PAGES];
 static int exit_hook;
 static int poller_seq;
+static uint64_t cpu_proxy_failed; /* CPU-doorbell proxies not installed (the real UAR was left alone) */
+
+/* proxy page -> real UAR page, for the CUDA wrappers (lock-free readers) and
+ * for putting reg_addr back at free, even after the poller stopped */
+struct cpumap_ent {
+	uintptr_t proxy, real; /* page addresses; proxy 0 = free */
+};
+static struct cpumap_ent cpumap[MAX_PAGES];
+static int cpumap_n; /* entries ever used (high-water mark) */
+
+static void poller_sync(struct page *pg);
+static void poller_install(struct page *pg);
 
 static const struct st_cudrv *drv(void)
 {
@@ -612,6 +644,12 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 		pi16 = (uint16_t)(pi16 + ((b[7] & 0x3f) * 16 + 63) / 64);
 	uint32_t qpn = ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 8) | b[6];
 	volatile uint64_t *real = (volatile uint64_t *)(pg->page + pg->offs[k]);
+	/* a GPU write is seen only after its device pointer was handed out, i.e.
+	 * after the attach request was posted: take it before anything else */
+	if (__atomic_load_n(&pg->gpu_seq, __ATOMIC_ACQUIRE) != pg->gpu_seen)
+		poller_sync(pg);
+	if (!pg->installed)
+		poller_install(pg);
 	int mode = cfg.mode;
 	struct qpstate *s = mode == HJ_FORWARD ? NULL : page_qp(pg, qpn);
 	uint32_t delta = 0, first = 0;
@@ -638,8 +676,14 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 			drain(pg, 1);
 		}
 	}
+	/* A host-memory SQ (CPU writers, F24d) is copied with a plain memcpy:
+	 * done before the forward in every recovering mode, so the NIC cannot
+	 * complete, nor the application reuse, a slot before it is copied. */
+	int pre = recover && !s->gpu && (mode == HJ_NONBLOCKING || mode == HJ_GUARDED);
+	if (pre)
+		issue_copy(pg, s, first, delta);
 	int held = 0;
-	if (recover && mode == HJ_GUARDED) {
+	if (recover && mode == HJ_GUARDED && !pre) {
 		/* Forward first, as nonblocking, unless the WQEBBs announced but not
 		 * yet copied span a large part of the SQ: only then can the
 		 * application lap the ring before the copy lands (a slot is reused
@@ -675,12 +719,14 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 		st_ev(ST_EV_DB_FORWARD, pi16, qpn, t_obs);
 	pg->seen++;
 	if (recover && mode == HJ_NONBLOCKING) {
-		issue_copy(pg, s, first, delta);
+		if (!pre)
+			issue_copy(pg, s, first, delta);
 		if (pg->batch_wqebb >= st_cfg.batch_threshold)
 			close_batch(pg);
 		drain(pg, 0);
 	} else if (recover && mode == HJ_GUARDED && !held) {
-		issue_copy(pg, s, first, delta);
+		if (!pre)
+			issue_copy(pg, s, first, delta);
 		/* close batches early enough that completions are known well before
 		 * the span reaches the guard */
 		uint32_t g = guard_wqebb(s) / 2;
@@ -690,9 +736,9 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 	}
 }
 
-static void poller_setup_cuda(struct page *pg)
+/* The staging ring (every poller; host SQs are copied with memcpy). */
+static void poller_stage_alloc(struct page *pg)
 {
-	const struct st_cudrv *d = drv();
 	size_t bytes = (size_t)cfg.stage_wqebb * 64;
 	pg->stage = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (pg->stage == MAP_FAILED) {
@@ -700,11 +746,19 @@ static void poller_setup_cuda(struct page *pg)
 		return;
 	}
 	madvise(pg->stage, bytes, MADV_DONTFORK); /* pinned: a fork must not make it copy-on-write */
-	if (!d || !pg->cuctx || cfg.mode == HJ_FORWARD)
+}
+
+/* CUDA for device-memory SQs: pinned staging ring, a non-blocking stream and
+ * its events, in the context of the application's doorbell request. */
+static void poller_attach_cuda(struct page *pg)
+{
+	const struct st_cudrv *d = drv();
+	if (pg->cuda_on || !pg->stage || !d || !pg->cuctx || cfg.mode == HJ_FORWARD)
 		return;
+	pg->cuda_on = 1;
 	if (d->CtxSetCurrent(pg->cuctx) != 0)
 		return;
-	if (d->MemHostRegister(pg->stage, bytes, ST_CU_MEMHOSTREGISTER_PORTABLE) == 0)
+	if (d->MemHostRegister(pg->stage, (size_t)cfg.stage_wqebb * 64, ST_CU_MEMHOSTREGISTER_PORTABLE) == 0)
 		pg->stage_pinned = 1;
 	if (d->StreamCreate(&pg->stream, ST_CU_STREAM_NON_BLOCKING) != 0) {
 		pg->stream = NULL;
@@ -712,43 +766,172 @@ static void poller_setup_cuda(struct page *pg)
 	}
 	for (int i = 0; i < MAX_BATCH; i++)
 		if (d->EventCreate(&pg->ev[i], ST_CU_EVENT_DISABLE_TIMING) != 0) {
+			for (int k = 0; k < i; k++)
+				d->EventDestroy(pg->ev[k]);
+			memset(pg->ev, 0, sizeof pg->ev);
 			d->StreamDestroy(pg->stream);
 			pg->stream = NULL;
 			return;
 		}
 }
 
-static void poller_teardown_cuda(struct page *pg)
+/* Undo poller_attach_cuda; every copy must have been drained. */
+static void poller_detach_cuda(struct page *pg)
 {
 	const struct st_cudrv *d = drv();
+	if (!pg->cuda_on)
+		return;
+	pg->cuda_on = 0;
 	if (pg->stream) {
 		d->StreamSynchronize(pg->stream);
 		for (int i = 0; i < MAX_BATCH; i++)
 			if (pg->ev[i])
 				d->EventDestroy(pg->ev[i]);
+		memset(pg->ev, 0, sizeof pg->ev);
 		d->StreamDestroy(pg->stream);
 		pg->stream = NULL;
 	}
+	if (pg->stage_pinned) {
+		d->MemHostUnregister(pg->stage);
+		pg->stage_pinned = 0;
+	}
+}
+
+static void poller_teardown_cuda(struct page *pg)
+{
+	poller_detach_cuda(pg);
 	if (pg->stage) {
-		if (pg->stage_pinned)
-			d->MemHostUnregister(pg->stage);
 		munmap(pg->stage, (size_t)cfg.stage_wqebb * 64);
 		pg->stage = NULL;
 	}
 }
 
-static int scan(struct page *pg)
+/* First use of the page (GPU pages: at start; CPU-doorbell pages: at their
+ * first doorbell or device-pointer request, so unused UARs, e.g. CQ ones,
+ * leave no trace). */
+static void poller_install(struct page *pg)
+{
+	if (pg->installed)
+		return;
+	pg->installed = 1;
+	st_ensure_active();
+	char buf[768];
+	struct st_json j;
+	st_json_init(&j, buf, sizeof buf);
+	st_json_open(&j, NULL, '{');
+	st_json_hex(&j, "uar_page", pg->page);
+	st_json_hex(&j, "reg_offset", pg->offs[0]);
+	st_json_hex(&j, "proxy_host", (uintptr_t)(pg->cpuproxy && pg->gproxy && pg->proxy_dev ? pg->gproxy : pg->proxy));
+	st_json_hex(&j, "proxy_dev", pg->proxy_dev);
+	st_json_hex(&j, "real_dev", pg->real_dev);
+	st_json_uint(&j, "page_id", pg->page_id);
+	st_json_str(&j, "mode", mode_names[cfg.mode]);
+	st_json_str(&j, "wait", wait_name(cfg.wait_kind));
+	st_json_int(&j, "cpu", pg->cpu);
+	st_json_uint(&j, "batch_threshold", st_cfg.batch_threshold);
+	st_json_bool(&j, "async_copy", pg->stream != NULL);
+	st_json_bool(&j, "double_copy", cfg.double_copy);
+	if (cfg.mode == HJ_GUARDED)
+		st_json_uint(&j, "guard_pct", (uint64_t)cfg.guard_pct);
+	if (pg->cpuproxy) {
+		st_json_bool(&j, "cpu_doorbells", 1);
+		st_json_hex(&j, "cpu_proxy", (uintptr_t)pg->proxy);
+		st_json_int(&j, "gpu", pg->proxy_dev ? pg->gpu : -1);
+	}
+	st_json_close(&j, '}');
+	uint64_t id = st_side_json(buf, j.len);
+	st_ev(ST_EV_DB_HIJACK_INSTALL, (uint16_t)pg->gpu, pg->page_id, id);
+}
+
+static int scan_words(struct page *pg, const uint8_t *base, uint64_t *last)
 {
 	int n = 0;
 	for (int k = 0; k < pg->noffs; k++) {
-		uint64_t v = __atomic_load_n((volatile uint64_t *)(pg->proxy + pg->offs[k]), __ATOMIC_ACQUIRE);
-		if (v != pg->last[k]) {
-			pg->last[k] = v;
+		uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
+		if (v != last[k]) {
+			last[k] = v;
 			on_doorbell(pg, k, v);
 			n++;
 		}
 	}
 	return n;
+}
+
+/* CPU-doorbell pages: a GPU attach/detach request from the application's
+ * thread (st_hijack_devptr / st_hijack_on_unregister). */
+static void poller_sync(struct page *pg)
+{
+	uint32_t seq = __atomic_load_n(&pg->gpu_seq, __ATOMIC_ACQUIRE);
+	if (seq == pg->gpu_seen)
+		return;
+	pg->gpu_seen = seq;
+	if (__atomic_load_n(&pg->gpu_want, __ATOMIC_ACQUIRE)) {
+		close_batch(pg);
+		drain(pg, 1);
+		poller_attach_cuda(pg);
+		if (!pg->installed)
+			poller_install(pg);
+	} else {
+		/* the GPU lets go: its last values first, then no more copies */
+		if (__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE) && pg->gproxy) {
+			scan_words(pg, pg->gproxy, pg->glast);
+			__atomic_store_n(&pg->gwatch, 0, __ATOMIC_RELEASE);
+			for (int k = 0; k < pg->noffs; k++)
+				__atomic_store_n((uint64_t *)(pg->gproxy + pg->offs[k]), 0, __ATOMIC_RELAXED);
+			memset(pg->glast, 0, sizeof pg->glast);
+		}
+		close_batch(pg);
+		drain(pg, 1);
+		poller_detach_cuda(pg);
+	}
+	__atomic_store_n(&pg->gpu_ack, seq, __ATOMIC_RELEASE);
+}
+
+static int scan(struct page *pg)
+{
+	if (__atomic_load_n(&pg->gpu_seq, __ATOMIC_ACQUIRE) != pg->gpu_seen)
+		poller_sync(pg);
+	int n = scan_words(pg, pg->proxy, pg->last);
+	if (pg->gproxy && __atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE))
+		n += scan_words(pg, pg->gproxy, pg->glast);
+	return n;
+}
+
+/* After the summary at process exit: CPU-doorbell pages keep forwarding (the
+ * application may still ring from a later exit handler), recording nothing. */
+static void forward_only(struct page *pg)
+{
+	unsigned idle = 0;
+	for (;;) {
+		int stop = __atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE), n = 0;
+		for (int src = 0; src < 2; src++) {
+			const uint8_t *base = src ? pg->gproxy : pg->proxy;
+			uint64_t *last = src ? pg->glast : pg->last;
+			if (!base || (src && !__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE)))
+				continue;
+			for (int k = 0; k < pg->noffs; k++) {
+				uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
+				if (v != last[k]) {
+					last[k] = v;
+					*(volatile uint64_t *)(pg->page + pg->offs[k]) = v;
+					store_fence();
+					n++;
+				}
+			}
+		}
+		if (stop)
+			return;
+		if (n) {
+			idle = 0;
+			continue;
+		}
+		if (++idle < 64) {
+			cpu_relax();
+			continue;
+		}
+		struct timespec ts = {0, 50000};
+		nanosleep(&ts, NULL);
+	}
 }
 
 static void *poller(void *arg)
@@ -765,34 +948,15 @@ static void *poller(void *arg)
 		CPU_SET(pg->cpu, &set);
 		pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 	}
-	poller_setup_cuda(pg);
-	st_ensure_active();
-	{
-		char buf[768];
-		struct st_json j;
-		st_json_init(&j, buf, sizeof buf);
-		st_json_open(&j, NULL, '{');
-		st_json_hex(&j, "uar_page", pg->page);
-		st_json_hex(&j, "reg_offset", pg->offs[0]);
-		st_json_hex(&j, "proxy_host", (uintptr_t)pg->proxy);
-		st_json_hex(&j, "proxy_dev", pg->proxy_dev);
-		st_json_hex(&j, "real_dev", pg->real_dev);
-		st_json_uint(&j, "page_id", pg->page_id);
-		st_json_str(&j, "mode", mode_names[cfg.mode]);
-		st_json_str(&j, "wait", wait_name(cfg.wait_kind));
-		st_json_int(&j, "cpu", pg->cpu);
-		st_json_uint(&j, "batch_threshold", st_cfg.batch_threshold);
-		st_json_bool(&j, "async_copy", pg->stream != NULL);
-		st_json_bool(&j, "double_copy", cfg.double_copy);
-		if (cfg.mode == HJ_GUARDED)
-			st_json_uint(&j, "guard_pct", (uint64_t)cfg.guard_pct);
-		st_json_close(&j, '}');
-		uint64_t id = st_side_json(buf, j.len);
-		st_ev(ST_EV_DB_HIJACK_INSTALL, (uint16_t)pg->gpu, pg->page_id, id);
+	poller_stage_alloc(pg);
+	if (!pg->cpuproxy) {
+		poller_attach_cuda(pg);
+		poller_install(pg);
 	}
 	uint64_t idle_since = st_now_ns();
 	unsigned sleep_us = 1;
 	unsigned spins = 0;
+	int quiesce = 0;
 	for (;;) {
 		if (scan(pg)) {
 			idle_since = 0;
@@ -800,7 +964,8 @@ static void *poller(void *arg)
 			spins = 0;
 			continue;
 		}
-		if (__atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE)) {
+		if (__atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE) ||
+		    (quiesce = __atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))) {
 			scan(pg); /* the last values, forwarded before we go */
 			break;
 		}
@@ -821,29 +986,33 @@ static void *poller(void *arg)
 		if (cfg.spin_us < 0 || now - idle_since < (uint64_t)cfg.spin_us * 1000)
 			continue;
 #if defined(__x86_64__)
-		if (cfg.wait_kind == 1 && pg->noffs == 1) {
+		if (cfg.wait_kind == 1 && pg->noffs == 1 && !pg->cpuproxy) {
 			wait_umwait(pg->proxy + pg->offs[0], 200000);
 			continue;
 		}
-		if (cfg.wait_kind == 2 && pg->noffs == 1) {
+		if (cfg.wait_kind == 2 && pg->noffs == 1 && !pg->cpuproxy) {
 			wait_mwaitx(pg->proxy + pg->offs[0], 200000);
 			continue;
 		}
 #endif
 		struct timespec ts = {0, (long)sleep_us * 1000};
 		nanosleep(&ts, NULL);
-		if (sleep_us < (unsigned)cfg.max_sleep_us)
-			sleep_us = sleep_us * 2 > (unsigned)cfg.max_sleep_us ? (unsigned)cfg.max_sleep_us : sleep_us * 2;
+		/* a CPU-doorbell page nobody has rung yet (a CQ's UAR, say) idles cheaply */
+		unsigned cap = (unsigned)cfg.max_sleep_us;
+		if (pg->cpuproxy && !pg->installed && cap < 1000)
+			cap = 1000;
+		if (sleep_us < cap)
+			sleep_us = sleep_us * 2 > cap ? cap : sleep_us * 2;
 	}
 	close_batch(pg);
 	drain(pg, 1);
-	uint64_t ok = 0, lost = 0, wqes = 0;
-	for (int i = 0; i < pg->nqs; i++) {
-		ok += pg->qs[i].wqebb_ok;
-		lost += pg->qs[i].wqebb_lost;
-		wqes += pg->qs[i].wqe_ok;
-	}
-	{
+	if (pg->installed) {
+		uint64_t ok = 0, lost = 0, wqes = 0;
+		for (int i = 0; i < pg->nqs; i++) {
+			ok += pg->qs[i].wqebb_ok;
+			lost += pg->qs[i].wqebb_lost;
+			wqes += pg->qs[i].wqe_ok;
+		}
 		char buf[512];
 		struct st_json j;
 		st_json_init(&j, buf, sizeof buf);
@@ -856,12 +1025,18 @@ static void *poller(void *arg)
 		st_json_uint(&j, "copies", pg->copies);
 		st_json_uint(&j, "sync_waits", pg->sync_waits);
 		st_json_uint(&j, "guard_waits", pg->guard_waits);
+		if (pg->cpuproxy)
+			st_json_bool(&j, "cpu_doorbells", 1);
 		st_json_close(&j, '}');
 		st_side_json(buf, j.len);
+		st_ev(ST_EV_DB_HIJACK_REMOVE, 0, pg->page_id, pg->seen);
 	}
-	st_ev(ST_EV_DB_HIJACK_REMOVE, 0, pg->page_id, pg->seen);
 	poller_teardown_cuda(pg);
 	st_thread_exit_current();
+	if (quiesce) {
+		__atomic_store_n(&pg->quiesced, 1, __ATOMIC_RELEASE);
+		forward_only(pg);
+	}
 	st_tls_depth--;
 	return NULL;
 }
@@ -879,18 +1054,109 @@ static void stop_page(struct page *pg)
 	if (started)
 		pthread_join(t, NULL);
 	const struct st_cudrv *d = drv();
-	if (d && pg->proxy_dev)
+	if (pg->cpuproxy) {
+		/* after process exit (quiesced) the driver may be gone: leave it be */
+		if (d && pg->proxy_dev && pg->gproxy && !__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE))
+			d->MemHostUnregister(pg->gproxy);
+		if (pg->gproxy)
+			munmap(pg->gproxy, PAGE_SZ);
+		pg->gproxy = NULL;
+		pg->proxy_dev = pg->real_dev = 0;
+	} else if (d && pg->proxy_dev)
 		d->MemHostUnregister(pg->proxy);
 	munmap(pg->proxy, PAGE_SZ);
 	pg->proxy = NULL;
 	pthread_mutex_lock(&lock);
 }
 
+/* Process exit, CPU-doorbell page: summary and flush now, but keep
+ * forwarding until the process is gone (caller holds lock). */
+static void quiesce_page(struct page *pg)
+{
+	if (!pg->live || !pg->thr_started || __atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
+		return;
+	__atomic_store_n(&pg->quiesce, 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&lock);
+	while (!__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE)) {
+		struct timespec ts = {0, 20000};
+		nanosleep(&ts, NULL);
+	}
+	pthread_mutex_lock(&lock);
+}
+
+/* A device pointer for a CPU-doorbell page: register a second proxy page
+ * (the GPU's) with the driver; the page's poller watches it too (caller
+ * holds lock).  0 on success. */
+static int gpu_attach(struct page *pg, const struct st_cudrv *d)
+{
+	if (pg->proxy_dev)
+		return 0;
+	if (__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
+		return -1;
+	if (!pg->gproxy) {
+		void *m = mmap(NULL, PAGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		if (m == MAP_FAILED)
+			return -1;
+		madvise(m, PAGE_SZ, MADV_DONTFORK); /* as the GPU proxy page, see st_hijack_devptr */
+		pg->gproxy = m;
+	}
+	st_CUdeviceptr pd = 0;
+	if (d->MemHostRegister(pg->gproxy, PAGE_SZ, ST_CU_MEMHOSTREGISTER_PORTABLE | ST_CU_MEMHOSTREGISTER_DEVICEMAP))
+		return -1;
+	if (d->MemHostGetDevicePointer(&pd, pg->gproxy, 0) || !pd) {
+		d->MemHostUnregister(pg->gproxy);
+		return -1;
+	}
+	pg->proxy_dev = pd;
+	st_CUcontext c = NULL;
+	if (d->CtxGetCurrent && d->CtxGetCurrent(&c) == 0 && c)
+		pg->cuctx = c;
+	int dev = 0;
+	if (d->CtxGetDevice && d->CtxGetDevice(&dev) == 0)
+		pg->gpu = dev;
+	__atomic_store_n(&pg->gwatch, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&pg->gpu_want, 1, __ATOMIC_RELEASE);
+	__atomic_add_fetch(&pg->gpu_seq, 1, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* The application unregisters the UAR from the driver: the GPU part of a
+ * CPU-doorbell page goes (last values forwarded, copies drained, CUDA
+ * objects released), the CPU part stays (caller holds lock). */
+static void gpu_detach(struct page *pg)
+{
+	if (!pg->proxy_dev)
+		return;
+	__atomic_store_n(&pg->gpu_want, 0, __ATOMIC_RELEASE);
+	uint32_t seq = __atomic_add_fetch(&pg->gpu_seq, 1, __ATOMIC_RELEASE);
+	if (pg->thr_started && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+		pthread_mutex_unlock(&lock);
+		while (__atomic_load_n(&pg->gpu_ack, __ATOMIC_ACQUIRE) != seq && pg->live &&
+		       !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+			struct timespec ts = {0, 20000};
+			nanosleep(&ts, NULL);
+		}
+		pthread_mutex_lock(&lock);
+	}
+	if (!pg->live || !pg->proxy_dev)
+		return;
+	const struct st_cudrv *d = drv();
+	if (d && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
+		d->MemHostUnregister(pg->gproxy);
+	pg->proxy_dev = pg->real_dev = 0;
+}
 void st_hijack_shutdown(void)
 {
 	pthread_mutex_lock(&lock);
-	for (int i = 0; i < MAX_PAGES; i++)
-		stop_page(&pages[i]);
+	for (int i = 0; i < MAX_PAGES; i++) {
+		if (pages[i].live && pages[i].cpuproxy)
+			quiesce_page(&pages[i]);
+		else
+			stop_page(&pages[i]);
+	}
+	if (cpu_proxy_failed)
+		st_warn("hijack: %llu DevX UAR(s) left unproxied (CPU doorbells not traced there)",
+			(unsigned long long)cpu_proxy_failed);
 	pthread_mutex_unlock(&lock);
 }
 
@@ -932,8 +1198,12 @@ void st_hijack_on_unregister(void *p)
 			regs[i].live = 0;
 			for (int k = 0; k < MAX_PAGES; k++)
 				if (pages[k].live && pages[k].page + PAGE_SZ > regs[i].p &&
-				    pages[k].page < regs[i].p + regs[i].size)
-					stop_page(&pages[k]);
+				    pages[k].page < regs[i].p + regs[i].size) {
+					if (pages[k].cpuproxy)
+						gpu_detach(&pages[k]); /* the CPU may still ring */
+					else
+						stop_page(&pages[k]);
+				}
 		}
 	pthread_mutex_unlock(&lock);
 }
@@ -941,7 +1211,8 @@ void st_hijack_on_unregister(void *p)
 uint64_t st_hijack_real_of_proxy(uint64_t d)
 {
 	for (int i = 0; i < MAX_PAGES; i++)
-		if (pages[i].live && d >= pages[i].proxy_dev && d < pages[i].proxy_dev + PAGE_SZ)
+		if (pages[i].live && pages[i].proxy_dev && pages[i].real_dev && d >= pages[i].proxy_dev &&
+		    d < pages[i].proxy_dev + PAGE_SZ)
 			return pages[i].real_dev + (d - pages[i].proxy_dev);
 	return d;
 }
@@ -949,7 +1220,8 @@ uint64_t st_hijack_real_of_proxy(uint64_t d)
 uint64_t st_hijack_proxy_of_real(uint64_t d)
 {
 	for (int i = 0; i < MAX_PAGES; i++)
-		if (pages[i].live && pages[i].real_dev && d >= pages[i].real_dev && d < pages[i].real_dev + PAGE_SZ)
+		if (pages[i].live && pages[i].real_dev && pages[i].proxy_dev && d >= pages[i].real_dev &&
+		    d < pages[i].real_dev + PAGE_SZ)
 			return pages[i].proxy_dev + (d - pages[i].real_dev);
 	return d;
 }
@@ -984,7 +1256,12 @@ static void fork_child(void)
 		pg->proxy_dev = pg->real_dev = 0;
 		pg->stage = NULL;
 		pg->stream = NULL;
+		pg->gproxy = NULL; /* MADV_DONTFORK as well */
+		pg->cpuproxy = 0;
 	}
+	/* the child's reg_addr still points into the (unmapped) CPU proxy, as it
+	 * would into the real UAR (VM_DONTCOPY); cpumap stays, so that a free
+	 * there puts the real reg_addr back */
 }
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static void fork_register(void)
@@ -1034,6 +1311,20 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 		}
 		if (!pages[i].live && !pages[i].proxy && !freep)
 			freep = &pages[i];
+	}
+	if (pg && pg->cpuproxy) {
+		/* a CPU-doorbell page: the GPU gets a proxy of its own, same poller */
+		if (gpu_attach(pg, d) != 0) {
+			pthread_mutex_unlock(&lock);
+			st_warn("hijack: cannot register a GPU proxy page; doorbell at %p not traced from the GPU", p);
+			return real_dptr;
+		}
+		if (!pg->real_dev)
+			pg->real_dev = real_dptr - (a - pgaddr);
+		uint64_t out = pg->proxy_dev + (a - pgaddr);
+		pthread_mutex_unlock(&lock);
+		*hijacked = 1;
+		return out;
 	}
 	if (pg) {
 		uint64_t out = pg->proxy_dev + (a - pgaddr);
@@ -1103,4 +1394,138 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 	pthread_mutex_unlock(&lock);
 	*hijacked = 1;
 	return out;
+}
+
+
+/* ---- CPU doorbells (F24d) -------------------------------------------------------------
+ * At mlx5dv_devx_alloc_uar the application gets reg_addr in a proxy page of
+ * ours; base_addr and page_id stay real.  The page's poller starts at once
+ * (it idles cheaply until the first doorbell) and forwards, records and
+ * recovers exactly as for GPU doorbells.  See docs/hijack.md. */
+static int cpumap_find(uintptr_t pg, int proxy_side)
+{
+	int n = __atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE);
+	for (int i = 0; i < n; i++) {
+		uintptr_t k = __atomic_load_n(proxy_side ? &cpumap[i].proxy : &cpumap[i].real, __ATOMIC_ACQUIRE);
+		if (k && k == pg && __atomic_load_n(&cpumap[i].proxy, __ATOMIC_ACQUIRE))
+			return i;
+	}
+	return -1;
+}
+
+void *st_hijack_cpu_real(void *p)
+{
+	if (!__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE) || !p)
+		return p;
+	uintptr_t a = (uintptr_t)p, pg = a & ~(uintptr_t)(PAGE_SZ - 1);
+	int i = cpumap_find(pg, 1);
+	return i < 0 ? p : (void *)(__atomic_load_n(&cpumap[i].real, __ATOMIC_ACQUIRE) + (a - pg));
+}
+
+uint64_t st_hijack_cpu_proxy_of_real(uint64_t host)
+{
+	if (!__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE) || !host)
+		return host;
+	uintptr_t pg = (uintptr_t)host & ~(uintptr_t)(PAGE_SZ - 1);
+	int i = cpumap_find(pg, 0);
+	return i < 0 ? host : (uint64_t)(__atomic_load_n(&cpumap[i].proxy, __ATOMIC_ACQUIRE) + (host - pg));
+}
+
+ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
+{
+	(void)base_addr;
+	(void)ctx;
+	(void)flags; /* every type: a BlueFlame write arrives as its first 8 bytes, see docs/hijack.md */
+	cfg_load();
+	/* The GPU side needs the CUDA wrappers (they translate the proxy address);
+	 * without them an IOMEMORY registration of the proxy would fail. */
+	if (!cfg.cpu_doorbells || cfg.mode == HJ_OFF || !st_provider_on(ST_PROV_CUDA) || !reg_addr)
+		return NULL;
+	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
+	uint16_t off = (uint16_t)(reg & (PAGE_SZ - 1));
+	if (reg & 7)
+		return NULL;
+	pthread_once(&fork_once, fork_register);
+	pthread_mutex_lock(&lock);
+	struct page *pg = NULL;
+	int slot = -1, fail = 0;
+	for (int i = 0; i < MAX_PAGES; i++) {
+		if (pages[i].live && pages[i].page == pgaddr) {
+			fail = 1; /* the page is watched already (another UAR in the same page) */
+			break;
+		}
+		if (!pg && !pages[i].live && !pages[i].proxy)
+			pg = &pages[i];
+	}
+	for (int i = 0; i < MAX_PAGES && slot < 0; i++)
+		if (!cpumap[i].proxy)
+			slot = i;
+	if (fail || !pg || slot < 0)
+		goto failed;
+	memset(pg, 0, sizeof *pg);
+	pg->proxy = mmap(NULL, PAGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (pg->proxy == MAP_FAILED) {
+		pg->proxy = NULL;
+		goto failed;
+	}
+	/* like the real UAR mapping (VM_DONTCOPY), and the GPU path's proxy */
+	madvise(pg->proxy, PAGE_SZ, MADV_DONTFORK);
+	pg->cpuproxy = 1;
+	pg->cpu_reg = reg;
+	pg->page = pgaddr;
+	pg->page_id = page_id;
+	pg->gpu = -1;
+	pg->offs[pg->noffs++] = off;
+	/* the other half of a BlueFlame register pair: writers that alternate
+	 * (rdma-core, UCX) ring reg and reg ^ 0x100 */
+	if ((off ^ 0x100) >= 0x800 && (off ^ 0x100) < 0xc00)
+		pg->offs[pg->noffs++] = (uint16_t)(off ^ 0x100);
+	pg->cpu = cfg.ncpus ? cfg.cpus[poller_seq++ % cfg.ncpus] : -1;
+	pg->live = 1;
+	if (!exit_hook) {
+		exit_hook = 1;
+		atexit(at_exit_hook);
+	}
+	if (pthread_create(&pg->thr, NULL, poller, pg) != 0) {
+		pg->live = 0;
+		munmap(pg->proxy, PAGE_SZ);
+		pg->proxy = NULL;
+		pg->cpuproxy = 0;
+		goto failed;
+	}
+	pg->thr_started = 1;
+	cpumap[slot].real = pgaddr;
+	__atomic_store_n(&cpumap[slot].proxy, (uintptr_t)pg->proxy, __ATOMIC_RELEASE);
+	if (slot + 1 > cpumap_n)
+		__atomic_store_n(&cpumap_n, slot + 1, __ATOMIC_RELEASE);
+	void *out = pg->proxy + off;
+	pthread_mutex_unlock(&lock);
+	return out;
+failed:
+	cpu_proxy_failed++;
+	pthread_mutex_unlock(&lock);
+	st_warn("hijack: DevX UAR page %u left unproxied; its CPU doorbells are not traced", page_id);
+	return NULL;
+}
+
+ST_EXPORT void *st_hijack_cpu_uar_release(void *app_reg)
+{
+	if (!app_reg || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
+		return NULL;
+	uintptr_t a = (uintptr_t)app_reg, ppg = a & ~(uintptr_t)(PAGE_SZ - 1);
+	pthread_mutex_lock(&lock);
+	int i = cpumap_find(ppg, 1);
+	if (i < 0) {
+		pthread_mutex_unlock(&lock);
+		return NULL;
+	}
+	uintptr_t real = cpumap[i].real;
+	for (int k = 0; k < MAX_PAGES; k++)
+		if (pages[k].live && pages[k].cpuproxy && (uintptr_t)pages[k].proxy == ppg) {
+			stop_page(&pages[k]); /* last values forwarded, poller joined, proxy unmapped */
+			break;
+		}
+	__atomic_store_n(&cpumap[i].proxy, 0, __ATOMIC_RELEASE); /* real stays: a racing reader never sees 0 */
+	pthread_mutex_unlock(&lock);
+	return (void *)(real + (a - ppg));
 }

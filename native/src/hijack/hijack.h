@@ -21,6 +21,16 @@ void st_hijack_note_uar(void *reg_addr, void *base_addr, uint32_t page_id, void 
 /* The UAR is being freed: stop its poller(s) before the page goes away. */
 void st_hijack_forget_uar(void *reg_addr);
 
+/* CPU doorbells (F24d): right after mlx5dv_devx_alloc_uar, the address to
+ * hand the application as reg_addr instead of the real register: the same
+ * offset in a proxy page of ours, watched by a poller that forwards every
+ * value to the real register and records it.  NULL: leave the UAR alone
+ * (disabled with SIGMATRACE_CPU_DOORBELLS=0, hijack off, or any failure). */
+void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags);
+/* Before mlx5dv_devx_free_uar: stop that poller (after a last forward) and
+ * return the real reg_addr to put back; NULL if app_reg is not a proxy. */
+void *st_hijack_cpu_uar_release(void *app_reg);
+
 /* A umem was registered (mlx5dv_devx_umem_reg); gpu != 0 if addr is device memory. */
 void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu);
 void st_hijack_forget_umem(uint32_t umem_id);

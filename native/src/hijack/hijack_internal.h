@@ -21,6 +21,14 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked) ST_HIDDEN;
 uint64_t st_hijack_real_of_proxy(uint64_t d) ST_HIDDEN;
 /* ... and the other way round (a real doorbell device pointer -> proxy). */
 uint64_t st_hijack_proxy_of_real(uint64_t d) ST_HIDDEN;
+/* CPU-doorbell proxies (F24d): an address inside a proxy page handed out as
+ * a UAR's reg_addr stands, for the driver, for the same offset of the real
+ * UAR page; anything else is returned unchanged.  Lock-free, cheap when no
+ * proxy exists. */
+void *st_hijack_cpu_real(void *p) ST_HIDDEN;
+/* ... and the other way round (real UAR page -> proxy) for host pointers the
+ * driver reports. */
+uint64_t st_hijack_cpu_proxy_of_real(uint64_t host) ST_HIDDEN;
 /* Stop every poller (process exit). */
 void st_hijack_shutdown(void) ST_HIDDEN;
 #endif

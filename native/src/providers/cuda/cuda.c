@@ -65,6 +65,7 @@ ST_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags)
 	RESOLVE(real_reg_v2, "cuMemHostRegister_v2");
 	if (!real_reg_v2)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	p = st_hijack_cpu_real(p); /* a CPU-doorbell proxy stands for the real UAR (F24d) */
 	if (!on() || st_tls_depth)
 		return real_reg_v2(p, size, flags);
 	st_enter();
@@ -79,6 +80,7 @@ ST_EXPORT CUresult cuMemHostRegister(void *p, unsigned size, unsigned flags)
 	RESOLVE(real_reg_v1, "cuMemHostRegister");
 	if (!real_reg_v1)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	p = st_hijack_cpu_real(p);
 	if (!on() || st_tls_depth)
 		return real_reg_v1(p, size, flags);
 	st_enter();
@@ -93,6 +95,7 @@ ST_EXPORT CUresult cuMemHostUnregister(void *p)
 	RESOLVE(real_unreg, "cuMemHostUnregister");
 	if (!real_unreg)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	p = st_hijack_cpu_real(p);
 	if (!on() || st_tls_depth)
 		return real_unreg(p);
 	/* pollers of doorbells in this range stop first (they forward what they hold) */
@@ -111,6 +114,7 @@ ST_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsign
 	RESOLVE(real_gdp_v2, "cuMemHostGetDevicePointer_v2");
 	if (!real_gdp_v2)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	p = st_hijack_cpu_real(p);
 	if (!on() || st_tls_depth)
 		return real_gdp_v2(pd, p, flags);
 	st_enter();
@@ -133,6 +137,7 @@ ST_EXPORT CUresult cuMemHostGetDevicePointer(unsigned *pd, void *p, unsigned fla
 	RESOLVE(real_gdp_v1, "cuMemHostGetDevicePointer");
 	if (!real_gdp_v1)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	p = st_hijack_cpu_real(p);
 	if (!on() || st_tls_depth)
 		return real_gdp_v1(pd, p, flags);
 	st_enter();
@@ -149,6 +154,9 @@ static void fix_attr(int attr, void *data, CUdeviceptr asked)
 {
 	if (attr == ST_CU_POINTER_ATTRIBUTE_DEVICE_POINTER && data)
 		*(CUdeviceptr *)data = st_hijack_proxy_of_real(*(CUdeviceptr *)data);
+	/* the host address of a proxied UAR is the one the application knows */
+	if (attr == ST_CU_POINTER_ATTRIBUTE_HOST_POINTER && data)
+		*(CUdeviceptr *)data = st_hijack_cpu_proxy_of_real(*(CUdeviceptr *)data);
 }
 
 ST_EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr)
@@ -156,6 +164,7 @@ ST_EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr)
 	RESOLVE(real_pga, "cuPointerGetAttribute");
 	if (!real_pga)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	ptr = (CUdeviceptr)(uintptr_t)st_hijack_cpu_real((void *)(uintptr_t)ptr); /* UVA: a host pointer in a proxy */
 	if (!on() || st_tls_depth)
 		return real_pga(data, attr, ptr);
 	CUdeviceptr q = st_hijack_real_of_proxy(ptr); /* a proxy pointer answers as the doorbell it stands for */
@@ -179,6 +188,7 @@ ST_EXPORT CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, C
 	RESOLVE(real_pgas, "cuPointerGetAttributes");
 	if (!real_pgas)
 		return CUDA_ERROR_NOT_INITIALIZED;
+	ptr = (CUdeviceptr)(uintptr_t)st_hijack_cpu_real((void *)(uintptr_t)ptr);
 	if (!on() || st_tls_depth)
 		return real_pgas(n, attrs, data, ptr);
 	CUdeviceptr q = st_hijack_real_of_proxy(ptr);

@@ -33,6 +33,9 @@ void st_hijack_forget_umem(uint32_t umem_id) __attribute__((weak)) ST_HIDDEN;
 void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uint64_t sq_offset,
 		       uint32_t log_sq_size, uint32_t dbr_umem_id, uint64_t dbr_offset) __attribute__((weak)) ST_HIDDEN;
 void st_hijack_forget_qp(uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
+void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
+	__attribute__((weak)) ST_HIDDEN;
+void *st_hijack_cpu_uar_release(void *app_reg) __attribute__((weak)) ST_HIDDEN;
 
 /* ---- real functions ------------------------------------------------------ */
 static struct ibv_context *(*real_mlx5dv_open_device)(struct ibv_device *, struct mlx5dv_context_attr *);
@@ -285,6 +288,13 @@ ST_EXPORT struct mlx5dv_devx_uar *mlx5dv_devx_alloc_uar(struct ibv_context *ctx,
 			  (uintptr_t)u->base_addr, 0, flags, (uint64_t)u->mmap_off);
 		if (st_hijack_note_uar)
 			st_hijack_note_uar(u->reg_addr, u->base_addr, u->page_id, ctx);
+		/* CPU doorbells (F24d): the application rings a proxy register of
+		 * ours, same offset in the page; base_addr and page_id stay real */
+		if (st_hijack_cpu_uar) {
+			void *proxy = st_hijack_cpu_uar(u->reg_addr, u->base_addr, u->page_id, ctx, flags);
+			if (proxy)
+				u->reg_addr = proxy;
+		}
 		errno = saved;
 	}
 	return u;
@@ -299,6 +309,15 @@ ST_EXPORT void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *u)
 		return;
 	}
 	uint32_t page = u->page_id;
+	/* a proxied UAR: its poller forwards what it holds and stops, and the
+	 * library gets the struct back as it made it */
+	if (st_hijack_cpu_uar_release) {
+		int saved = errno;
+		void *real = st_hijack_cpu_uar_release(u->reg_addr);
+		if (real)
+			u->reg_addr = real;
+		errno = saved;
+	}
 	void *reg = u->reg_addr;
 	/* the hijack lets go of the page before it disappears */
 	if (st_hijack_forget_uar)

@@ -1,0 +1,231 @@
+"""CPU doorbells on DevX UARs (F24d) on the emulated HCA (marker sim).
+
+mlx5dv_devx_alloc_uar hands the application a reg_addr in a proxy page of the
+tracer's; the page's poller forwards every doorbell to the real register,
+records it and recovers the WQEs, exactly as for GPU doorbells (docs/hijack.md).
+The CPU client (native/tests/emu_ibgda_client.c) writes mlx5 WQEs itself and
+prints one ground-truth "DB qpn= pi= nwqe= first_idx=" line per doorbell.
+
+A CPU writer is not trapped: it can ring twice before the poller looks, and the
+two doorbells then reach the NIC as one (the producer index is monotonic, so
+the second covers the first).  Recorded doorbells are therefore the ground
+truth's, in order, possibly with some coalesced; every WQE is still recovered,
+because each recorded doorbell covers the whole range since the previous one.
+"""
+import collections
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from native_util import cleanup_fabric, emu_env, new_fabric
+from sigmatrace import _native
+from sigmatrace.format import read_capture
+from test_hijack_emu import ground_truth, poller_summaries, recorded_doorbells, recovered_wqes, run_client
+from test_trace_verbs_support import IBGDA_CLIENT, TRACER, needs_mlx5_provider, needs_tracer
+
+pytestmark = [pytest.mark.sim, needs_tracer, needs_mlx5_provider]
+
+OPC = dict(write=0x08, read=0x10, cs=0x11, fa=0x12)
+
+
+def _install_json(cap):
+    t = cap.table("DB_HIJACK_INSTALL")
+    return [cap.side_record(int(t["process"][i]), int(t["side_id"][i])).json() for i in range(len(t["tsc"]))]
+
+
+def run_cpu_client(tmp_path, env_extra=None, args=("--depth", "32", "--ops", "150", "--batch", "7")):
+    if IBGDA_CLIENT is None or TRACER is None:
+        pytest.skip("emu_ibgda_client / libsigmatrace.so not built (cmake --build build/dev)")
+    fab = new_fabric()
+    out = tmp_path / "trace"
+    out.mkdir()
+    env = emu_env(fab, 0x51, LD_PRELOAD=str(TRACER), SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_MODE="full",
+                  SIGMATRACE_DROP_POLICY="block")
+    env.update(env_extra or {})
+    try:
+        p = subprocess.run([str(IBGDA_CLIENT), "--pair", *args], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        cleanup_fabric(fab)
+    # the traced program behaves as untraced: every data check of the client passes
+    assert p.returncode == 0 and "RESULT OK" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    gt = collections.defaultdict(list)
+    nwqe = collections.Counter()
+    for m in re.finditer(r"^DB qpn=(0x[0-9a-f]+) pi=(\d+) nwqe=(\d+) first_idx=(\d+)", p.stdout, re.M):
+        q = int(m.group(1), 16)
+        gt[q].append(int(m.group(2)))
+        nwqe[q] += int(m.group(3))
+    cap = read_capture(sorted(glob.glob(str(out / "*.trace"))))
+    return p.stdout, cap, gt, nwqe
+
+
+@pytest.mark.parametrize("mode", ["guarded", "sync", "nonblocking"])
+def test_cpu_client_doorbells_and_wqes_recorded(tmp_path, mode):
+    stdout, cap, gt, nwqe = run_cpu_client(tmp_path, {"SIGMATRACE_HIJACK_MODE": mode})
+    assert len(gt) == 1
+    (qpn, pis), = gt.items()
+    per, t = recorded_doorbells(cap)
+    assert set(per) == {qpn}
+    rec = per[qpn]
+    # every recorded producer index is one the client rang, in its order; the last is always seen
+    it = iter(pis)
+    for v in rec:
+        assert any(v == g for g in it), f"recorded PI {v} not in ground-truth order {pis}"
+    assert rec[-1] == pis[-1] and len(rec) >= 1
+    raw = t["raw"]
+    for i in range(len(raw)):  # the exact value the client stored (NVSHMEM convention, ref §3.3)
+        b = int(raw[i]).to_bytes(8, "little")
+        assert int.from_bytes(b[1:3], "big") == int(t["producer_index"][i]) and int.from_bytes(b[4:7], "big") == qpn
+    # WQE recovery from the host SQ: every WQE the client posted, verified, nothing lost
+    got, flags, lost = recovered_wqes(cap)
+    assert all(f & 1 for f in flags) and not any(lost.values()), lost
+    ws = got[qpn]
+    assert len(ws) == nwqe[qpn]
+    idx = 0
+    for w in ws:
+        assert w.wqe_index == idx & 0xFFFF and w.qpn == qpn
+        idx += w.num_wqebbs
+    assert idx & 0xFFFF == pis[-1]
+    m = re.search(r"INITIATOR writes=(\d+) reads=(\d+) fa=(\d+) cs=(\d+) inline=(\d+)", stdout)
+    writes, reads, fa, cs, inl = map(int, m.groups())
+    by_op = collections.Counter(w.opcode for w in ws)
+    assert by_op == {OPC["write"]: writes + inl, OPC["read"]: reads, OPC["fa"]: fa, OPC["cs"]: cs}
+    # one poller installed: the rung QP UAR (the CQ UARs and the idle peer's QP UAR leave no trace)
+    inst = _install_json(cap)
+    assert len(inst) == 1 and inst[0]["cpu_doorbells"] is True and inst[0]["gpu"] == -1
+    assert inst[0]["mode"] == mode and int(inst[0]["reg_offset"], 16) == 0x800
+    sums = poller_summaries(cap)
+    assert len(sums) == 1 and sums[0]["doorbells"] == len(rec) and sums[0]["wqebb_lost"] == 0
+    assert sums[0]["unknown_qp_doorbells"] == 0 and sums[0]["wqes_verified"] == nwqe[qpn]
+    # the application's reg_addr is the proxy, the ALLOC_UAR record keeps the real register
+    ua = cap.table("MLX5_DEVX_ALLOC_UAR")
+    assert len(ua["tsc"]) == 4
+    assert cap.dropped_events() == 0
+    print(f"\n[{mode}] doorbells rung={len(pis)} recorded={len(rec)} wqes={len(ws)}")
+
+
+def test_cpu_doorbells_disabled_records_none(tmp_path):
+    _, cap, gt, _ = run_cpu_client(tmp_path, {"SIGMATRACE_CPU_DOORBELLS": "0"})
+    assert sum(map(len, gt.values())) > 0
+    by = cap.count_by_type()
+    for k in ("DB_DOORBELL", "DB_HIJACK_INSTALL", "DB_WQE", "DB_WQE_LOST"):
+        assert k not in by, by
+    assert by["MLX5_DEVX_ALLOC_UAR"] == 4
+
+
+def test_hijack_off_disables_cpu_doorbells(tmp_path):
+    _, cap, _, _ = run_cpu_client(tmp_path, {"SIGMATRACE_HIJACK_MODE": "off"})
+    assert "DB_DOORBELL" not in cap.count_by_type()
+
+
+@pytest.mark.parametrize("cpu", ["1", "0"])
+def test_gpu_doorbells_over_cpu_proxy(tmp_path, cpu):
+    """The GPU path on a proxied UAR: registering and asking for the device pointer of the reg_addr the
+    application got (the CPU proxy) gives a GPU proxy watched by the same poller: one poller per page,
+    doorbells equal to the ground truth, WQEs recovered; unregister + free_uar tear it down cleanly."""
+    stdout, cap, gt = run_client(tmp_path, ["--mode", "func"], mode="guarded",
+                                 env_extra={"SIGMATRACE_CPU_DOORBELLS": cpu})
+    assert stdout.count("hijacked=1") == 2
+    dbs_gt, _ = ground_truth(gt)
+    per, _ = recorded_doorbells(cap)
+    assert dict(per) == dict(dbs_gt)
+    inst = _install_json(cap)
+    assert len(inst) == 2 and cap.count_by_type()["DB_HIJACK_REMOVE"] == 2
+    ua = cap.table("MLX5_DEVX_ALLOC_UAR")
+    real_regs = {int(x) for x in ua["reg_addr"]}
+    app_regs = {int(m, 16) for m in re.findall(r"^DBPTR qpn=\S+ uar=(0x[0-9a-f]+)", stdout, re.M)}
+    if cpu == "1":
+        assert all(j.get("cpu_doorbells") is True and j["gpu"] >= 0 and int(j["proxy_dev"], 16) for j in inst)
+        assert all(j["proxy_host"] != j["cpu_proxy"] for j in inst)
+        assert app_regs and app_regs.isdisjoint(real_regs), "the application rings the proxy"
+    else:
+        assert all("cpu_doorbells" not in j for j in inst)
+        assert app_regs and app_regs <= real_regs
+    # free_uar gets the real register back (its event records the address the library freed)
+    fu = cap.table("MLX5_DEVX_FREE_UAR")
+    assert len(fu["tsc"]) == 2 and {int(x) for x in fu["reg_addr"]} <= real_regs
+    got, flags, lost = recovered_wqes(cap)
+    assert all(f & 1 for f in flags) and not any(lost.values())
+    assert sum(len(v) for v in got.values()) == 320
+
+
+FREE_PROG = r"""
+#include <infiniband/mlx5dv.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+static uint64_t db(uint32_t pi, uint32_t qpn)
+{
+	uint8_t b[8] = {0, (uint8_t)(pi >> 8), (uint8_t)pi, 0, (uint8_t)(qpn >> 16), (uint8_t)(qpn >> 8), (uint8_t)qpn, 0};
+	uint64_t v;
+	__builtin_memcpy(&v, b, 8);
+	return v;
+}
+int main(void)
+{
+	int n = 0;
+	struct ibv_device **l = ibv_get_device_list(&n);
+	struct ibv_context *c = l && n ? ibv_open_device(l[0]) : NULL;
+	struct mlx5dv_devx_uar *u = c ? mlx5dv_devx_alloc_uar(c, MLX5DV_UAR_ALLOC_TYPE_NC) : NULL;
+	if (!u) { printf("RESULT FAIL setup\n"); return 2; }
+	volatile uint64_t *real = (volatile uint64_t *)((char *)u->base_addr + 0x800);
+	printf("UAR proxied=%d same_page_offset=%d\n", (char *)u->reg_addr != (char *)real,
+	       (((uintptr_t)u->reg_addr) & 0xfff) == 0x800);
+	int ok = 1;
+	for (uint32_t i = 1; i <= 5; i++) {
+		uint64_t v = db(i, 0x123);
+		*(volatile uint64_t *)u->reg_addr = v;
+		int k;
+		for (k = 0; k < 200000 && *real != v; k++)
+			usleep(10);
+		if (*real != v) ok = 0;
+	}
+	*(volatile uint64_t *)u->reg_addr = db(6, 0x123); /* freed right away: forwarded before the free */
+	mlx5dv_devx_free_uar(u);
+	ibv_close_device(c);
+	ibv_free_device_list(l);
+	printf(ok ? "RESULT OK\n" : "RESULT FAIL forward\n");
+	return !ok;
+}
+"""
+
+
+def test_free_uar_forwards_last_doorbell_and_restores(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    emu = next((d / "emu" for d in _native.candidate_dirs() if (d / "emu" / "libmlx5.so").exists()), None)
+    if cc is None or emu is None or TRACER is None or not os.path.exists("/usr/include/infiniband/mlx5dv.h"):
+        pytest.skip("needs cc, mlx5dv.h and the emulated libmlx5")
+    src, exe = tmp_path / "free_uar.c", tmp_path / "free_uar"
+    src.write_text(FREE_PROG)
+    subprocess.run([cc, "-O1", "-o", str(exe), str(src), f"-L{emu}", "-lmlx5", "-libverbs"], check=True)
+    for cpu in ("1", "0"):
+        out = tmp_path / f"trace{cpu}"
+        out.mkdir()
+        fab = new_fabric()
+        env = emu_env(fab, 0x52, LD_PRELOAD=str(TRACER), SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_MODE="full",
+                      SIGMATRACE_CPU_DOORBELLS=cpu)
+        try:
+            p = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
+        finally:
+            cleanup_fabric(fab)
+        assert p.returncode == 0 and "RESULT OK" in p.stdout, p.stdout + p.stderr
+        assert f"UAR proxied={cpu} same_page_offset=1" in p.stdout
+        cap = read_capture(sorted(glob.glob(str(out / "*.trace"))))
+        by = cap.count_by_type()
+        if cpu == "0":
+            assert "DB_DOORBELL" not in by
+            continue
+        db = cap.table("DB_DOORBELL")
+        pis = [int(db["producer_index"][i]) for i in np.argsort(db["tsc"], kind="stable")]
+        assert pis == [1, 2, 3, 4, 5, 6], "the doorbell rung just before the free is forwarded and recorded"
+        assert (db["qpn"] == 0x123).all()
+        assert by["DB_HIJACK_INSTALL"] == 1 and by["DB_HIJACK_REMOVE"] == 1
+        ua, fu = cap.table("MLX5_DEVX_ALLOC_UAR"), cap.table("MLX5_DEVX_FREE_UAR")
+        assert int(fu["reg_addr"][0]) == int(ua["reg_addr"][0]), "the library frees the UAR it made"
+        sums = poller_summaries(cap)
+        assert len(sums) == 1 and sums[0]["unknown_qp_doorbells"] == 6
