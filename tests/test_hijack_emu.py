@@ -328,3 +328,15 @@ def test_fork_child_has_no_phantom_pollers(tmp_path):
             assert vals == [v3], "a child records only its own doorbell (with a poller of its own)"
     inst, rem = cap.table("DB_HIJACK_INSTALL"), cap.table("DB_HIJACK_REMOVE")
     assert int((inst["process"] == parent).sum()) == 1 and int((rem["process"] == parent).sum()) == 1
+
+
+def test_unused_uars_take_no_poller_core(tmp_path):
+    """Every DevX UAR gets a proxy page, but only the rung ones take a core from
+    SIGMATRACE_POLLER_CPUS: the client's CQ UARs are never rung, so its two
+    doorbell pages get the two listed cores, one each (two pollers spinning on
+    one core take turns by scheduler time slice: milliseconds per doorbell)."""
+    stdout, cap, _ = run_client(tmp_path, ["--mode", "func"], mode="guarded",
+                                env_extra={"SIGMATRACE_POLLER_CPUS": "0,1", "SIGMATRACE_POLLER_SPIN_US": "200"})
+    t = cap.table("DB_HIJACK_INSTALL")
+    cpus = sorted(cap.side_record(int(t["process"][i]), int(t["side_id"][i])).json()["cpu"] for i in range(len(t["tsc"])))
+    assert cpus == [0, 1], cpus

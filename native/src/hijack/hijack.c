@@ -806,6 +806,17 @@ static void poller_teardown_cuda(struct page *pg)
 	}
 }
 
+/* Pin the calling poller thread to its page's core, if it has one. */
+static void pin_self(const struct page *pg)
+{
+	if (pg->cpu < 0)
+		return;
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(pg->cpu, &set);
+	pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
 /* First use of the page (GPU pages: at start; CPU-doorbell pages: at their
  * first doorbell or device-pointer request, so unused UARs, e.g. CQ ones,
  * leave no trace). */
@@ -814,6 +825,10 @@ static void poller_install(struct page *pg)
 	if (pg->installed)
 		return;
 	pg->installed = 1;
+	if (pg->cpuproxy) { /* always on the poller thread: take a core now that the page is used */
+		pg->cpu = cfg.ncpus ? cfg.cpus[__atomic_fetch_add(&poller_seq, 1, __ATOMIC_RELAXED) % cfg.ncpus] : -1;
+		pin_self(pg);
+	}
 	st_ensure_active();
 	char buf[768];
 	struct st_json j;
@@ -942,12 +957,7 @@ static void *poller(void *arg)
 	snprintf(name, sizeof name, "st-poll-%u", pg->page_id);
 	pthread_setname_np(pthread_self(), name);
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* back-off sleeps of ~1 us, not the default 50 us slack */
-	if (pg->cpu >= 0) {
-		cpu_set_t set;
-		CPU_ZERO(&set);
-		CPU_SET(pg->cpu, &set);
-		pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-	}
+	pin_self(pg);
 	poller_stage_alloc(pg);
 	if (!pg->cpuproxy) {
 		poller_attach_cuda(pg);
@@ -983,7 +993,10 @@ static void *poller(void *arg)
 		uint64_t now = st_now_ns();
 		if (!idle_since)
 			idle_since = now;
-		if (cfg.spin_us < 0 || now - idle_since < (uint64_t)cfg.spin_us * 1000)
+		/* spin forever (SIGMATRACE_POLLER_SPIN_US<0) only on a page that is in
+		 * use: a never-rung CPU-doorbell page always backs off */
+		int in_use = !pg->cpuproxy || pg->installed;
+		if (cfg.spin_us < 0 ? in_use : now - idle_since < (uint64_t)cfg.spin_us * 1000)
 			continue;
 #if defined(__x86_64__)
 		if (cfg.wait_kind == 1 && pg->noffs == 1 && !pg->cpuproxy) {
@@ -1374,7 +1387,7 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 	int dev = 0;
 	if (d->CtxGetDevice && d->CtxGetDevice(&dev) == 0)
 		pg->gpu = dev;
-	pg->cpu = cfg.ncpus ? cfg.cpus[poller_seq++ % cfg.ncpus] : -1;
+	pg->cpu = cfg.ncpus ? cfg.cpus[__atomic_fetch_add(&poller_seq, 1, __ATOMIC_RELAXED) % cfg.ncpus] : -1;
 	pg->live = 1;
 	if (!exit_hook) {
 		exit_hook = 1;
@@ -1480,7 +1493,10 @@ ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page
 	 * (rdma-core, UCX) ring reg and reg ^ 0x100 */
 	if ((off ^ 0x100) >= 0x800 && (off ^ 0x100) < 0xc00)
 		pg->offs[pg->noffs++] = (uint16_t)(off ^ 0x100);
-	pg->cpu = cfg.ncpus ? cfg.cpus[poller_seq++ % cfg.ncpus] : -1;
+	/* A core from SIGMATRACE_POLLER_CPUS only once the page is rung (see
+	 * poller_main): unused UARs (a CQ's, an idle peer's) must not take the
+	 * cores meant for the doorbells that are. */
+	pg->cpu = -1;
 	pg->live = 1;
 	if (!exit_hook) {
 		exit_hook = 1;
