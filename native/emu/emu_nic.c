@@ -353,6 +353,18 @@ static int node_flush(struct emu_node *n)
 }
 
 /* Send one packet (header + payload gathered from g at off) to node n. */
+
+/* Drop the requests still queued for a QP (destroy, error flush, reset). */
+static void free_pending(struct emu_qp *qp)
+{
+	struct emu_pending *p = qp->pend;
+	while (p) {
+		struct emu_pending *n = p->next;
+		free(p);
+		p = n;
+	}
+	qp->pend = qp->pend_tail = NULL;
+}
 static void node_send(struct emu_node *n, struct emu_pkt *hdr, const struct gather *g, int ng, uint32_t off)
 {
 	if (!n || n->dead)
@@ -436,13 +448,7 @@ EXPORT void emu_qp_unregister(struct emu_nic *nic, struct emu_qp *qp)
 			nic->qlist[i] = nic->qlist[--nic->nq];
 			break;
 		}
-	struct emu_pending *p = qp->pend;
-	while (p) {
-		struct emu_pending *n = p->next;
-		free(p);
-		p = n;
-	}
-	qp->pend = qp->pend_tail = NULL;
+	free_pending(qp);
 	qp->in_table = 0;
 }
 
@@ -600,13 +606,7 @@ EXPORT void emu_qp_to_error(struct emu_qp *qp)
 		}
 	}
 	drain_inflight(qp);
-	struct emu_pending *p = qp->pend;
-	while (p) {
-		struct emu_pending *n = p->next;
-		free(p);
-		p = n;
-	}
-	qp->pend = qp->pend_tail = NULL;
+	free_pending(qp);
 	qp->resp_active = 0;
 	flush_rq(qp);
 }
@@ -618,13 +618,7 @@ EXPORT void emu_qp_reset_nic_state(struct emu_qp *qp)
 	qp->rq_ci = 0;
 	qp->resp_active = 0;
 	qp->resp_err = 0;
-	struct emu_pending *p = qp->pend;
-	while (p) {
-		struct emu_pending *n = p->next;
-		free(p);
-		p = n;
-	}
-	qp->pend = qp->pend_tail = NULL;
+	free_pending(qp);
 	qp->peer = NULL;
 }
 
