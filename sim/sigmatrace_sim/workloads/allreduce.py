@@ -116,6 +116,18 @@ def setup_records(c, pe, threads, size, side_json):
 SIMPY_MAX_NODES = 8
 
 
+def _cluster(nodes, gpus_per_node, nics_per_node, channels, seed, timing, mode):
+    """The cluster both engines run on: CPU proxies, no doorbell hijack (NCCL-style).
+    Returns (cluster, timing, GPUs per node, nodes, ranks, channels, NICs per node)."""
+    G, N = gpus_per_node, nodes
+    nics = nics_per_node or G
+    tm = timing_from(timing)
+    c = Cluster("allreduce", nodes=N, gpus_per_node=G, nics_per_node=nics, seed=seed, timing=tm, launcher="srun")
+    c.tracer.mode = mode
+    c.tracer.hijack = "baseline"
+    return c, tm, G, N, N * G, channels or G, nics
+
+
 def run(output, nodes=4, gpus_per_node=4, nics_per_node=None, size=1 << 20, iters=2, channels=0, mode="simple",
         slice_bytes=512 << 10, seed=13, timing=None, poll_interval_ns=1000.0, engine="auto", **kw):
     """engine: "simpy" (CPU proxy threads as SimPy processes, host.CpuProxy), "vector" (closed
@@ -128,16 +140,7 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=None, size=1 << 20, iter
                          poll_interval_ns=poll_interval_ns, **kw)
     if engine != "vector":
         raise ValueError(f"engine must be auto, simpy or vector, not {engine!r}")
-    G = gpus_per_node
-    N = nodes
-    R = N * G
-    C = channels or G
-    nics_per_node = nics_per_node or G
-    tm = timing_from(timing)
-    c = Cluster("allreduce", nodes=N, gpus_per_node=G, nics_per_node=nics_per_node, seed=seed, timing=tm,
-                launcher="srun")
-    c.tracer.mode = mode
-    c.tracer.hijack = "baseline"
+    c, tm, G, N, R, C, nics_per_node = _cluster(nodes, gpus_per_node, nics_per_node, channels, seed, timing, mode)
     rng = np.random.default_rng(seed)
     steps = 2 * (R - 1)
     chunk = max(1, size // (R * C))
@@ -355,15 +358,7 @@ def run_simpy(output, nodes=4, gpus_per_node=4, nics_per_node=None, size=1 << 20
     from .. import host as H
     from ..nic import QueuePair
     from ..gpu import heap_base
-    G, N = gpus_per_node, nodes
-    R = N * G
-    C = channels or G
-    nics_per_node = nics_per_node or G
-    tm = timing_from(timing)
-    c = Cluster("allreduce", nodes=N, gpus_per_node=G, nics_per_node=nics_per_node, seed=seed, timing=tm,
-                launcher="srun")
-    c.tracer.mode = mode
-    c.tracer.hijack = "baseline"
+    c, tm, G, N, R, C, nics_per_node = _cluster(nodes, gpus_per_node, nics_per_node, channels, seed, timing, mode)
     env = c.env
     steps = 2 * (R - 1)
     chunk = max(1, size // (R * C))
