@@ -28,6 +28,40 @@ struct emu_devx_uar { struct mlx5dv_devx_uar pub; struct emu_uar *u; struct emu_
 struct emu_devx_obj { int kind; void *p; struct emu_nic *nic; struct ibv_context *ctx; };
 enum { OBJ_QP = 1, OBJ_CQ = 2 };
 
+/* Tear down the QP or CQ behind a handle (the handle itself is the caller's). */
+static void devx_obj_release(struct emu_devx_obj *o)
+{
+	struct emu_nic *nic = o->nic;
+	if (o->kind == OBJ_QP) {
+		struct emu_qp *qp = o->p;
+		pthread_mutex_lock(&nic->lock);
+		emu_qp_unregister(nic, qp);
+		pthread_mutex_unlock(&nic->lock);
+		free(qp->inflight);
+		free(qp);
+	} else if (o->kind == OBJ_CQ) {
+		emu_cq_free(nic, o->p);
+	}
+}
+
+/* The handle obj_create returns; without memory for it the new object is
+ * released again and creation fails with ENOMEM. */
+static struct emu_devx_obj *devx_obj_new(int kind, void *p, struct emu_nic *nic, struct ibv_context *ctx)
+{
+	struct emu_devx_obj *o = calloc(1, sizeof *o);
+	if (!o) {
+		struct emu_devx_obj tmp = { kind, p, nic, ctx };
+		devx_obj_release(&tmp);
+		errno = ENOMEM;
+		return NULL;
+	}
+	o->kind = kind;
+	o->p = p;
+	o->nic = nic;
+	o->ctx = ctx;
+	return o;
+}
+
 static int cmd_status(void *out, size_t outlen, int status, uint32_t syndrome)
 {
 	if (out && outlen >= 8) {
@@ -274,11 +308,9 @@ static struct emu_devx_obj *create_cq(struct ibv_context *ctx, struct emu_nic *n
 		return NULL;
 	}
 	cq->collapsed = (int)cc;
-	struct emu_devx_obj *o = calloc(1, sizeof *o);
-	o->kind = OBJ_CQ;
-	o->p = cq;
-	o->nic = nic;
-	o->ctx = ctx;
+	struct emu_devx_obj *o = devx_obj_new(OBJ_CQ, cq, nic, ctx);
+	if (!o)
+		return NULL;
 	cmd_status(out, outlen, CMD_OK, 0);
 	if (outlen >= 16)
 		st_devx_set(out, ST_PRM_CREATE_CQ_OUT_CQN, cq->cqn);
@@ -353,11 +385,9 @@ static struct emu_devx_obj *create_qp(struct ibv_context *ctx, struct emu_nic *n
 	qp->qpx.qp_base.context = ctx;
 	qp->qpx.qp_base.qp_num = qp->qpn;
 	qp->qpx.qp_base.qp_type = IBV_QPT_RC;
-	struct emu_devx_obj *o = calloc(1, sizeof *o);
-	o->kind = OBJ_QP;
-	o->p = qp;
-	o->nic = nic;
-	o->ctx = ctx;
+	struct emu_devx_obj *o = devx_obj_new(OBJ_QP, qp, nic, ctx);
+	if (!o)
+		return NULL;
 	cmd_status(out, outlen, CMD_OK, 0);
 	if (outlen >= 12)
 		st_devx_set(out, ST_PRM_CREATE_QP_OUT_QPN, qp->qpn);
@@ -501,24 +531,16 @@ EXPORT int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *obj)
 	if (!o)
 		return EINVAL;
 	struct emu_nic *nic = o->nic;
-	if (o->kind == OBJ_QP) {
-		struct emu_qp *qp = o->p;
-		pthread_mutex_lock(&nic->lock);
-		emu_qp_unregister(nic, qp);
-		pthread_mutex_unlock(&nic->lock);
-		free(qp->inflight);
-		free(qp);
-	} else if (o->kind == OBJ_CQ) {
-		struct emu_cq *cq = o->p;
+	if (o->kind == OBJ_CQ) {
 		pthread_mutex_lock(&nic->lock);
 		for (int i = 0; i < nic->nq; i++)
-			if (nic->qlist[i]->scq == cq || nic->qlist[i]->rcq == cq) {
+			if (nic->qlist[i]->scq == o->p || nic->qlist[i]->rcq == o->p) {
 				pthread_mutex_unlock(&nic->lock);
 				return EBUSY;
 			}
 		pthread_mutex_unlock(&nic->lock);
-		emu_cq_free(nic, cq);
 	}
+	devx_obj_release(o);
 	free(o);
 	return 0;
 }
