@@ -75,6 +75,19 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=1, skew=0.0, tokens=48, 
             per_src.append(hit.sum(axis=0))
         routing.append(np.array(per_src))
 
+    def send_tokens(pe, peer, n, buf, tag, counter, tag_signal):
+        """n hidden vectors to peer's buf (tokens_per_wqe per RDMA write), then one
+        fetch-add on its counter; posted 16 WQEs per doorbell (dispatch and combine)."""
+        if n == 0:
+            return
+        ops = []
+        for t0 in range(0, n, tokens_per_wqe):
+            m = min(tokens_per_wqe, n - t0)
+            ops.append(pe.put(peer, buf + (pe.rank * 4096 + t0) * hidden_bytes % (1 << 27), m * hidden_bytes, tag=tag))
+        ops.append(pe.fetch_add(peer, counter, n, tag=tag_signal))
+        for k0 in range(0, len(ops), 16):
+            yield from pe.post(peer, ops[k0:k0 + 16])
+
     def kernel(pe):
         r = pe.rank
         expect = expect_c = 0          # the counters accumulate over layers
@@ -87,17 +100,7 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=1, skew=0.0, tokens=48, 
             # dispatch
             for k in range(1, P):
                 d = (r + k) % P
-                n = int(R[r, d])
-                if n == 0:
-                    continue
-                ops = []
-                for t0 in range(0, n, tokens_per_wqe):
-                    m = min(tokens_per_wqe, n - t0)
-                    ops.append(pe.put(d, RECV_BUF + (r * 4096 + t0) * hidden_bytes % (1 << 27), m * hidden_bytes,
-                                      tag=TAG_DISPATCH))
-                ops.append(pe.fetch_add(d, DISPATCH_CNT, n, tag=TAG_DISPATCH_SIG))
-                for k0 in range(0, len(ops), 16):
-                    yield from pe.post(d, ops[k0:k0 + 16])
+                yield from send_tokens(pe, d, int(R[r, d]), RECV_BUF, TAG_DISPATCH, DISPATCH_CNT, TAG_DISPATCH_SIG)
             # wait for the announced tokens (counts arrive with notify, data with the counter)
             for s in range(P):
                 if s != r:
@@ -111,17 +114,7 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=1, skew=0.0, tokens=48, 
             # combine: one hidden vector per received token back to its origin
             for k in range(1, P):
                 s = (r - k) % P
-                n = int(R[s, r])
-                if n == 0:
-                    continue
-                ops = []
-                for t0 in range(0, n, tokens_per_wqe):
-                    m = min(tokens_per_wqe, n - t0)
-                    ops.append(pe.put(s, COMBINE_BUF + (r * 4096 + t0) * hidden_bytes % (1 << 27), m * hidden_bytes,
-                                      tag=TAG_COMBINE))
-                ops.append(pe.fetch_add(s, COMBINE_CNT, n, tag=TAG_COMBINE_SIG))
-                for k0 in range(0, len(ops), 16):
-                    yield from pe.post(s, ops[k0:k0 + 16])
+                yield from send_tokens(pe, s, int(R[s, r]), COMBINE_BUF, TAG_COMBINE, COMBINE_CNT, TAG_COMBINE_SIG)
             expect_c += int(sum(R[r, d] for d in range(P) if d != r))
             yield from pe.wait_until(pe.base + COMBINE_CNT, expect_c)
             yield from pe.quiet()
