@@ -78,8 +78,12 @@ def test_tiny_batches_and_ranges_equal_default(captures, tmp_path, monkeypatch, 
     rg = lambda d: sum(pq.ParquetFile(f).num_row_groups for f in (d / "tables" / "events").glob("*.parquet"))
     assert rg(small) > rg(ref)
     # 3 workers wrote the events table as several parts (in parallel); 1 worker as one
-    parts = lambda d: len(list((d / "tables" / "events").glob("part-*.parquet")))
+    parts = lambda d, t="events": len(list((d / "tables" / t).glob("part-*.parquet")))
     assert parts(ref) == 1 and parts(small) > 1
+    # the per-operation tables too: one part with 1 worker, contiguous row ranges written in parallel with 3
+    for t in ("ops", "completions", "flows"):
+        rows = _read(ref / "tables" / t).num_rows
+        assert parts(ref, t) == 1 and parts(small, t) == max(1, min(3, -(-rows // 50))), t
 
 
 def test_events_not_held_in_memory(captures):

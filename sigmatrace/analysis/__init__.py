@@ -106,10 +106,18 @@ def heatmap(labels, matrix, path_stem, title="Communication matrix (bytes)", uni
             scale, suffix = s, u
             break
     n = len(labels)
-    fig, ax = plt.subplots(figsize=(max(4, 0.6 * n + 2), max(3.5, 0.55 * n + 1.5)))
-    im = ax.imshow(m / scale, cmap="viridis", origin="lower")
-    ax.set_xticks(range(n), labels, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(n), labels, fontsize=8)
+    # the figure grows with the matrix up to ~40 rows, then stays at a readable poster size: one pixel block
+    # per cell (nearest), every k-th tick labelled (a 128x128 rank matrix drawn at 0.6 in per cell was a
+    # 9,000-pixel image that took seconds to rasterise)
+    side = min(0.6 * n + 2, 26.0)
+    fig, ax = plt.subplots(figsize=(max(4, side), max(3.5, min(0.55 * n + 1.5, 24.0))))
+    im = ax.imshow(m / scale, cmap="viridis", origin="lower", interpolation="nearest")
+    step = max(1, -(-n // 40))
+    ticks = list(range(0, n, step))
+    fs = 8 if step == 1 and n <= 40 else 6
+    ax.set_xticks(ticks, [labels[i] for i in ticks], rotation=45 if n <= 40 else 90, ha="right" if n <= 40 else "center",
+                  fontsize=fs)
+    ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=fs)
     ax.set_xlabel("Destination")
     ax.set_ylabel("Source")
     ax.set_title(title)

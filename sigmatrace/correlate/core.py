@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -408,18 +408,22 @@ _MEMTRACE = os.environ.get("SIGMATRACE_MEMTRACE")
 
 
 def _memtrace(label):
-    """Debug aid: SIGMATRACE_MEMTRACE=1 prints the resident set size at each correlator stage."""
+    """Debug aid: SIGMATRACE_MEMTRACE=1 prints the resident set size at each correlator stage, with the wall,
+    user and system seconds and the page faults since the previous stage."""
     if _MEMTRACE:
+        import resource
         import time
         now = time.perf_counter()
-        last = _MEMTRACE_T[0] or now
-        _MEMTRACE_T[0] = now
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        last, lu, ls, lf = _MEMTRACE_T[0] or (now, ru.ru_utime, ru.ru_stime, ru.ru_minflt)
+        _MEMTRACE_T[0] = (now, ru.ru_utime, ru.ru_stime, ru.ru_minflt)
         with open("/proc/self/statm") as f:
             print(f"[memtrace] {label}: {int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 2**20:.0f} MiB"
-                  f" (+{now - last:.2f} s)", flush=True)
+                  f" (+{now - last:.2f} s; user {ru.ru_utime - lu:.2f} s, sys {ru.ru_stime - ls:.2f} s, "
+                  f"{ru.ru_minflt - lf} faults)", flush=True)
 
 
-_MEMTRACE_T = [0.0]
+_MEMTRACE_T = [None]
 
 
 def _build(out, st, procs, clock_refine, refine_windows, progress):
@@ -1075,36 +1079,48 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     c_tsc = wc["tsc"]
     c_op = np.full(nwc, -1, np.int32)          # op ids / completion ids fit int32 (< 2^31 rows)
     is_recv = wc["opcode"] >= IBV_WC_RECV
-    # post -> completion: (qp, wr_id, k-th occurrence) among signaled WRs of the QP
+    # The two joins are independent (they fill disjoint completions of c_op): with several workers the
+    # send <-> receive join runs in a thread next to post -> completion, and each join sorts its two sides in
+    # two threads (numpy's sorts, searchsorted and ufuncs and the C merge release the GIL).
+    pool = ThreadPoolExecutor(max_workers=3) if out.workers > 1 and nwc and no else None
     op_compl = np.full(no, -1, np.int32)
-    if nwc and no:
+    op_peer = np.full(no, -1, np.int32)
+
+    def post_completion():
+        # post -> completion: (qp, wr_id, k-th occurrence) among signaled WRs of the QP
         cand = (ops["wr_id"] >= 0) & (ops["source"] != SRC_DOORBELL)
         any_sig = np.zeros(nq + 1, bool)
         if cand.any():
             any_sig[o_qp[cand & ops["signaled"]]] = True
         sig_all = np.array([qp[k]["sq_sig_all"] for k in qkeys] + [False], bool)
-        use = cand & (ops["signaled"] | ~any_sig[o_qp] | sig_all[o_qp])
-        ou = np.flatnonzero(use)
-        del cand, use
+        ou = np.flatnonzero(cand & (ops["signaled"] | ~any_sig[o_qp] | sig_all[o_qp]))
+        del cand
         cs = np.flatnonzero(~is_recv)
         if len(ou) and len(cs):
             gk_o = pq_key(o_qp[ou].astype(np.int64) + 1, ops["wr_id"][ou] & 0xFFFFFFFF)
             gk_c = pq_key(c_qp[cs].astype(np.int64) + 1, wc["wr_id"][cs].astype(np.int64) & 0xFFFFFFFF)
-            io, ic = _match_kth(gk_o, o_tsc[ou], gk_c, c_tsc[cs])
+            io, ic = _match_kth(gk_o, o_tsc[ou], gk_c, c_tsc[cs], pool)
             op_compl[ou[io]] = cs[ic]
             c_op[cs[ic]] = ou[io]
-            del gk_o, gk_c, io, ic
-        del ou, cs
-    # send <-> receive matching on the connected QP: k-th recv-consuming op <-> k-th recv completion
-    op_peer = np.full(no, -1, np.int32)
-    if nwc and no:
+
+    def send_receive():
+        # send <-> receive matching on the connected QP: k-th recv-consuming op <-> k-th recv completion
         snd = np.flatnonzero(np.isin(o_op, CONSUMES_RECV) & (o_dqp >= 0))
         rcv = np.flatnonzero(is_recv & (c_qp >= 0))
         if len(snd) and len(rcv):
-            i_s, i_r = _match_kth(o_dqp[snd], o_tsc[snd], c_qp[rcv].astype(np.int64), c_tsc[rcv])
+            i_s, i_r = _match_kth(o_dqp[snd], o_tsc[snd], c_qp[rcv].astype(np.int64), c_tsc[rcv], pool)
             op_peer[snd[i_s]] = rcv[i_r]
             c_op[rcv[i_r]] = snd[i_s]
-        del snd, rcv
+
+    if nwc and no:
+        if pool is not None:
+            with pool:
+                f = pool.submit(send_receive)
+                post_completion()
+                f.result()
+        else:
+            post_completion()
+            send_receive()
     _trim()
     _memtrace('matched')
     # ---- clock refinement (F24b) ------------------------------------------------------------
@@ -1377,19 +1393,21 @@ def _sort_by_key_time(k, t):
     return np.lexsort((t, k))
 
 
-def _match_kth(ka, ta, kb, tb):
+def _match_kth(ka, ta, kb, tb, pool=None):
     """Pair the k-th row (time order) of each key group on side a with the k-th of the same key on side b.
 
-    Returns (index in a, index in b).  Two stable sorts and a searchsorted: no structured-row set ops."""
+    Returns (index in a, index in b).  Two stable sorts and a searchsorted: no structured-row set ops.
+    ``pool``: a thread pool that sorts side b while this thread sorts side a."""
     ka = np.asarray(ka, np.int64)
     kb = np.asarray(kb, np.int64)
     if not len(ka) or not len(kb):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    fb = pool.submit(_sort_by_key_time, kb, tb) if pool is not None else None
     oa = _sort_by_key_time(ka, ta)
     ska = ka[oa]
     kern = _kernel.get()
     if kern is not None:    # one linear merge of the two sorted sides (C): same pairs, same order
-        ob = _sort_by_key_time(kb, tb)
+        ob = fb.result() if fb is not None else _sort_by_key_time(kb, tb)
         ia, ib = kern.match_sorted(ska, kb[ob])
         return oa[ia], ob[ib]
     n = len(ska)
@@ -1397,7 +1415,7 @@ def _match_kth(ka, ta, kb, tb):
     ra = np.arange(n, dtype=np.int64)
     ra -= np.repeat(starts, np.diff(np.append(starts, n)))      # rank of each row inside its key group
     del starts
-    ob = _sort_by_key_time(kb, tb)
+    ob = fb.result() if fb is not None else _sort_by_key_time(kb, tb)
     skb = kb[ob]
     j = np.searchsorted(skb, ska, "left")
     j += ra

@@ -28,8 +28,9 @@ from .util import group_starts, rank_in_group
 BARRIER_OPS = (0x12, 0x15)   # ATOMIC_FA, ATOMIC_MASKED_FA
 
 
-FLOW_COLUMNS = ("flow_id", "op_id", "src_qp_id", "src_process", "src_node", "src_ns", "dst_qp_id", "dst_process",
-                "dst_node", "dst_ns", "kind", "bytes", "opcode_name")
+# A flow is the arrow between the two sides of a matched op.  Everything else about it (QPs, processes,
+# nodes, bytes, opcode) is the op's: one definition per fact, join ops on op_id (docs/schema.md).
+FLOW_COLUMNS = ("flow_id", "op_id", "kind", "src_ns", "dst_ns", "dst_completion_id")
 FLOW_KINDS = ["send-recv", "op-completion", "one-sided"]
 
 
@@ -40,19 +41,18 @@ def build_flows(out):
     ops = out.tables["ops"]
     m = np.flatnonzero(ops.rows(None, ("dst_qp_id",))["dst_qp_id"] >= 0)
     nf = len(m)
-    names = ("qp_id", "process", "node", "ns", "dst_qp_id", "dst_process", "dst_node", "peer_ns", "complete_ns",
-             "bytes", "opcode_name")
+    names = ("ns", "peer_ns", "complete_ns", "peer_completion", "completion")
 
     def flow_rows(sel, want, labels=False):
         mi = m[sel]
-        o = ops.rows(mi, names, labels=labels)
+        o = ops.rows(mi, names)
         peer, comp = o["peer_ns"], o["complete_ns"]
-        dst_ns = np.where(peer >= 0, peer, np.where(comp >= 0, comp, o["ns"]))
-        kind = Labels(np.where(peer >= 0, 0, np.where(comp >= 0, 1, 2)), FLOW_KINDS)
-        r = dict(flow_id=sel_ids(sel, nf), op_id=mi.astype(np.int64), src_qp_id=o["qp_id"], src_process=o["process"],
-                 src_node=o["node"], src_ns=o["ns"], dst_qp_id=o["dst_qp_id"], dst_process=o["dst_process"],
-                 dst_node=o["dst_node"], dst_ns=dst_ns, kind=kind if labels else kind.objects(), bytes=o["bytes"],
-                 opcode_name=o["opcode_name"])
+        code = np.where(peer >= 0, 0, np.where(comp >= 0, 1, 2))
+        r = dict(flow_id=sel_ids(sel, nf), op_id=mi.astype(np.int64),
+                 kind=Labels(code, FLOW_KINDS) if labels else Labels(code, FLOW_KINDS).objects(), src_ns=o["ns"],
+                 dst_ns=np.where(peer >= 0, peer, np.where(comp >= 0, comp, o["ns"])),
+                 dst_completion_id=np.where(code == 0, o["peer_completion"],
+                                            np.where(code == 1, o["completion"], -1)).astype(np.int64))
         return {k: r[k] for k in want}
 
     out.tables["flows"] = RowTable(nf, FLOW_COLUMNS, flow_rows, base={"op_id": m})

@@ -4,12 +4,14 @@ Columns go to Arrow zero-copy (``pa.array`` on numpy buffers); string columns ar
 (small-vocabulary labels are built from integer codes, never from Python strings).  Parquet dictionary
 encoding is used only for string columns, statistics only where readers prune on them (time and id
 columns), time columns (tsc, ns, *_ns) DELTA_BINARY_PACKED and uncompressed, other high-entropy 64-bit
-columns (arg, raddr, wr_id, x0, x3) uncompressed, LZ4 on the rest ($SIGMATRACE_PARQUET_COMPRESSION: one
-codec for every column instead).  On the events table that is ~33 ns/row and ~13.5 B/row, against ~48 ns
-with LZ4 everywhere (same size) and ~53 ns / 74 B with no compression.
+columns LZ4 like the rest, sequential ids (op_id, completion_id,
+flow_id, the op <-> completion links) DELTA_BINARY_PACKED, LZ4 on the rest ($SIGMATRACE_PARQUET_COMPRESSION:
+one codec for every column instead).  On the full-mode AllReduce's events that is ~25 ns/row and ~4 B/row,
+against ~36 ns / 27.5 B with the 64-bit columns uncompressed and ~53 ns / 74 B with no compression.
 
 * The per-operation tables (ops, completions, flows) are ``RowTable``s: computed and written in row
-  ranges (one row group each), so their wide rows never exist whole.
+  ranges (one row group each), so their wide rows never exist whole; each is a directory of part files
+  (contiguous row ranges, one per worker at most) written in parallel.
 * The events table is a directory ``events/`` of part files ``part-NNNNN.parquet`` (global row order =
   part order, then row order), written by worker processes in parallel, each streaming its share of the
   capture's EVENTS chunks with the final time base (``write_events``).
@@ -27,19 +29,20 @@ from ..format import events as E
 
 TABLES = ("processes", "threads", "nodes", "nics", "gpus", "qps", "events", "doorbells", "wqes", "ops", "flows",
           "completions", "barriers", "barrier_arrivals", "clock", "losses", "aggregates")
-DIR_TABLES = ("events",)          # written as a directory of part files
+# the per-record tables: directories of part files (contiguous row ranges, written in parallel)
+DIR_TABLES = ("events", "ops", "completions", "flows")
 EVENT_COLUMNS = ("process", "thread", "tsc", "ns", "type", "aux", "obj", "arg", "type_name", "x0", "x1", "x2", "x3",
                  "node")
 _EV_DT = dict(process=np.int32, thread=np.int32, tsc=np.uint64, ns=np.int64, type=np.uint16, aux=np.uint16,
               obj=np.uint32, arg=np.uint64, x0=np.uint64, x1=np.uint16, x2=np.uint32, x3=np.uint64, node=np.int32)
-_STATS = ("process", "node", "tsc", "ns", "type", "op_id", "completion_id", "flow_id", "qp_id", "doorbell_id",
-          "wqe_id", "src_ns", "dst_ns", "src_node", "dst_node")
+# min/max statistics only where readers prune on them (time, process/node, ids)
+_STATS = ("process", "node", "ns", "op_id", "completion_id", "flow_id", "qp_id", "doorbell_id", "wqe_id", "src_ns",
+          "dst_ns")
+# ids that grow with the row number (the table's own id, the op <-> completion links): DELTA_BINARY_PACKED
+_SEQUENTIAL = ("op_id", "completion_id", "flow_id", "completion", "peer_completion")
 ROW_RANGE = 1 << 18               # rows per range / row group of the per-operation tables
 _TYPE_NAMES = None
 _VOCABS = {}
-
-
-_RAW = ("arg", "raddr", "laddr", "wr_id", "x0", "x3")   # high-entropy 64-bit columns: LZ4 gains little there
 
 
 def compression():
@@ -49,8 +52,8 @@ def compression():
 
 def _delta_columns(schema):
     import pyarrow as pa
-    return [f.name for f in schema if pa.types.is_integer(f.type) and (f.name in ("tsc", "ns") or
-                                                                        f.name.endswith(("_ns", "_tsc")))]
+    return [f.name for f in schema if pa.types.is_integer(f.type) and (f.name in ("tsc", "ns") or f.name in _SEQUENTIAL
+                                                                        or f.name.endswith(("_ns", "_tsc")))]
 
 
 def _vocab(v):
@@ -129,17 +132,20 @@ def _dict_columns(schema):
 
 
 def _opts(schema):
-    """Writer options: time columns DELTA_BINARY_PACKED (tiny and fast for clocks), uncompressed like the
-    other high-entropy 64-bit columns; LZ4 on the rest (ids, sizes, opcodes, mostly-zero EXT slots);
-    dictionary only for strings; statistics only on time and id columns."""
+    """Writer options: time columns and sequential ids DELTA_BINARY_PACKED and uncompressed (tiny and fast),
+    LZ4 on the rest (ids, sizes, opcodes, addresses, mostly-zero EXT slots); dictionary only for strings;
+    statistics only on time, process/node and id columns.  Only encodings every Parquet reader of the last
+    years decodes (BYTE_STREAM_SPLIT would shrink the 64-bit address columns further, but DuckDB < 2.0 and
+    many other readers reject it on integers)."""
     stats = [f.name for f in schema if f.name in _STATS or f.name.endswith("_ns")]
     delta = _delta_columns(schema)
     comp = compression()
     if comp is None:
-        comp = {f.name: ("none" if f.name in delta or f.name in _RAW else "lz4") for f in schema}
+        comp = {f.name: ("none" if f.name in delta else "lz4") for f in schema}
     opts = dict(compression=comp, use_dictionary=_dict_columns(schema) or False, write_statistics=stats or False)
-    if delta:
-        opts["column_encoding"] = {c: "DELTA_BINARY_PACKED" for c in delta}
+    enc = {c: "DELTA_BINARY_PACKED" for c in delta}
+    if enc:
+        opts["column_encoding"] = enc
     return opts
 
 
@@ -148,14 +154,14 @@ def _write(table, path, row_group_size=None):
     pq.write_table(table, path, row_group_size=row_group_size, **_opts(table.schema))
 
 
-def _write_ranges(t, path, step=ROW_RANGE):
-    """A RowTable computed and written range by range (one row group per range)."""
-    import pyarrow as pa
+def _write_ranges(t, path, step=ROW_RANGE, lo=0, hi=None):
+    """Rows [lo, hi) of a RowTable computed and written range by range (one row group per range)."""
     import pyarrow.parquet as pq
     writer = None
+    hi = t.n_rows if hi is None else hi
     try:
-        for cols in t.iter_ranges(step):
-            tab = to_table(cols)
+        for a in range(lo, hi, step):
+            tab = to_table(t.rows(slice(a, min(a + step, hi)), labels=True))
             if writer is None:
                 writer = pq.ParquetWriter(path, tab.schema, **_opts(tab.schema))
             writer.write_table(tab, row_group_size=max(tab.num_rows, 1))
@@ -238,12 +244,29 @@ def _write_part(task):
     return n, hc.done, hc.total
 
 
-def _event_tasks(corr, path, collect_host, workers):
+def _fresh_dir(path):
+    """An empty directory for a table's part files (a single-file table of older versions removed)."""
     path = Path(path)
     if path.is_file():
         path.unlink()
     shutil.rmtree(path, ignore_errors=True)
+    path.with_name(path.name + ".parquet").unlink(missing_ok=True)
     path.mkdir(parents=True)
+    return path
+
+
+def _range_parts(n_rows, workers):
+    """Contiguous row ranges (multiples of ROW_RANGE) for ~workers part files; one part when small."""
+    ranges = -(-n_rows // ROW_RANGE)
+    if not ranges:
+        return [(0, 0)]
+    k = max(1, min(int(workers), ranges))
+    cut = [min(i * ranges // k * ROW_RANGE, n_rows) for i in range(k + 1)]
+    return list(zip(cut[:-1], cut[1:]))
+
+
+def _event_tasks(corr, path, collect_host, workers):
+    path = _fresh_dir(path)
     br = corr.batch_records
     parts = _plan_parts(corr.procs, workers, br) or [[]]
     return [(str(path / f"part-{k:05d}.parquet"), items, corr._to_ns, corr.proc_node, br, collect_host)
@@ -283,46 +306,53 @@ def write_events(corr, path, collect_host=None, workers=None):
 
 
 def write_tables(corr, out_dir, names=TABLES, progress=None, collect_host=None, workers=None):
-    """Every table under ``out_dir``.  With several workers the events parts are written by a process pool
-    while this process writes the other tables (the per-operation ones in row ranges)."""
+    """Every table under ``out_dir``: the per-record tables (DIR_TABLES) as directories of part files, the
+    others as ``NAME.parquet``.  With several workers, forked processes write the events parts and the row-range
+    parts of the per-operation tables (largest first, reading this process's memory copy-on-write) while this
+    process writes the small tables."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     workers = max(1, int(workers or getattr(corr, "workers", 1) or 1))
     written = {}
     ex = None
-    big = [n for n in names if n in corr.tables and n != "events" and hasattr(corr.tables[n], "iter_ranges")
-           and corr.tables[n].n_rows >= ROW_RANGE]
     parallel = workers > 1 and _fork_ok()
     ev_tasks = []
+    jobs = []         # (table, kind, task, size)
     try:
-        if "events" in names and "events" in corr.tables:
-            p = out_dir / "events"
-            (out_dir / "events.parquet").unlink(missing_ok=True)     # a single-file table of older versions
-            ev_tasks = _event_tasks(corr, p, collect_host, workers)
-            written["events"] = str(p)
-        pending = {}
-        if parallel and (len(ev_tasks) > 1 or big):
-            # forked workers write the event parts and the large per-operation tables (which they read from
-            # this process's memory, copy-on-write), largest first; this process writes the small tables
+        for name in names:
+            if name not in corr.tables or name not in DIR_TABLES:
+                continue
+            p = out_dir / name
+            written[name] = str(p)
+            if name == "events":
+                ev_tasks = _event_tasks(corr, p, collect_host, workers)
+                jobs += [(name, "events", t, sum(int(c["count"].sum()) for _, _, c in t[1])) for t in ev_tasks]
+            else:
+                t = corr.tables[name]
+                _fresh_dir(p)
+                width = len(t.columns) / 14    # cost per row relative to an events row
+                jobs += [(name, "rows", (name, str(p / f"part-{k:05d}.parquet"), lo, hi), int((hi - lo) * width))
+                         for k, (lo, hi) in enumerate(_range_parts(t.n_rows, workers))]
+        futs = []
+        if parallel and len(jobs) > 1:
             global _FORKED
             _FORKED = corr
             import multiprocessing as mp
             ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
-            jobs = [("events", t, sum(int(c["count"].sum()) for _, _, c in t[1])) for t in ev_tasks]
-            jobs += [(n, str(out_dir / f"{n}.parquet"), corr.tables[n].n_rows * len(corr.tables[n].columns) // 14)
-                     for n in big]
-            for kind, task, _ in sorted(jobs, key=lambda j: -j[2]):
-                if kind == "events":
-                    pending.setdefault("events", []).append(ex.submit(_write_part, task))
-                else:
-                    pending[kind] = ex.submit(_write_forked, kind, task)
+            for job in sorted(jobs, key=lambda j: -j[3]):
+                fn = _write_part if job[1] == "events" else _write_forked
+                futs.append((job, ex.submit(fn, job[2]) if job[1] == "events" else ex.submit(fn, *job[2])))
             _FORKED = None
-        elif ev_tasks:
-            _event_results(corr, [_write_part(t) for t in ev_tasks], collect_host)
-            if progress:
-                progress("events")
+        else:
+            for job in jobs:
+                if job[1] == "events":
+                    futs.append((job, _Done(_write_part(job[2]))))
+                else:
+                    name, path, lo, hi = job[2]
+                    _write_ranges(corr.tables[name], path, lo=lo, hi=hi)
+                    futs.append((job, _Done(path)))
         for name in names:
-            if name not in corr.tables or name == "events" or name in pending:
+            if name not in corr.tables or name in DIR_TABLES:
                 continue
             p = out_dir / f"{name}.parquet"
             t = corr.tables[name]
@@ -333,24 +363,30 @@ def write_tables(corr, out_dir, names=TABLES, progress=None, collect_host=None, 
             written[name] = str(p)
             if progress:
                 progress(name)
-        for name, fut in pending.items():
-            if name == "events":
-                # parts in submission order = part order
-                res = [f.result() for f in fut]
-                order = sorted(range(len(ev_tasks)), key=lambda k: -sum(int(c["count"].sum()) for _, _, c in ev_tasks[k][1]))
-                by_part = [None] * len(ev_tasks)
-                for k, r in zip(order, res):
-                    by_part[k] = r
-                _event_results(corr, by_part, collect_host)
-            else:
-                fut.result()
-                written[name] = str(out_dir / f"{name}.parquet")
-            if progress:
-                progress(name)
+        ev_res = {id(t): None for t in ev_tasks}
+        for job, fut in futs:
+            r = fut.result()
+            if job[1] == "events":
+                ev_res[id(job[2])] = r
+        if ev_tasks:
+            _event_results(corr, [ev_res[id(t)] for t in ev_tasks], collect_host)   # part order
+        if progress:
+            for name in names:
+                if name in DIR_TABLES and name in written:
+                    progress(name)
     finally:
         if ex is not None:
             ex.shutdown()
     return {k: written[k] for k in names if k in written}
+
+
+class _Done:
+    """A result computed in this process, with a future's ``result()``."""
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
 
 
 _FORKED = None
@@ -361,8 +397,8 @@ def _fork_ok():
     return "fork" in mp.get_all_start_methods()
 
 
-def _write_forked(name, path):
-    """Worker (forked after the correlation): write one per-operation table of the parent's Correlated."""
-    corr = _FORKED
-    _write_ranges(corr.tables[name], path)
+def _write_forked(name, path, lo, hi):
+    """Worker (forked after the correlation): rows [lo, hi) of one per-operation table of the parent's
+    Correlated as one part file."""
+    _write_ranges(_FORKED.tables[name], path, lo=lo, hi=hi)
     return path
