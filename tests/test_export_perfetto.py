@@ -47,6 +47,33 @@ def test_perfetto_structure(corr, tmp_path):
     assert out_ids and out_ids == in_ids and len(out_ids) == int(corr.tables["ops"]["matched"].sum())
     cv = [e for e in evs if e.type == P.TrackEvent.TYPE_COUNTER]
     assert cv and all(e.track_uuid in counters for e in cv) and max(e.double_counter_value for e in cv) > 0
+    # each egress counter integrates (GB/s x bin) to its GPU's / node's / QP's bytes
+    ts_of = {}
+    for p in tr.packet:
+        if p.HasField("track_event") and p.track_event.type == P.TrackEvent.TYPE_COUNTER:
+            ts_of.setdefault(p.track_event.track_uuid, []).append((p.timestamp, p.track_event.double_counter_value))
+    ops = corr.tables["ops"]
+    want = {}
+    for g, lab in zip(corr.tables["gpus"]["gpu"], corr.tables["gpus"]["label"]):
+        want[f"GPU {lab} egress GB/s"] = int(ops["bytes"][ops["gpu"] == g].sum())
+    for n, lab in enumerate(corr.tables["nodes"]["label"]):
+        want[f"node {lab} egress GB/s"] = int(ops["bytes"][ops["node"] == n].sum())
+    Q = corr.tables["qps"]
+    qpns, cnt = np.unique(Q["qpn"], return_counts=True)
+    unique = set(qpns[cnt == 1].tolist())
+    for q, qpn in zip(Q["qp_id"], Q["qpn"]):
+        if int(qpn) in unique:      # a QP counter is named by its QPN: check the unambiguous ones
+            want[f"QP {int(qpn):#x} GB/s"] = int(ops["bytes"][ops["qp_id"] == q].sum())
+    checked = 0
+    for u, pts in ts_of.items():
+        name = tracks[u].name
+        if name not in want:
+            continue
+        pts.sort()
+        integral = sum(v * (pts[k + 1][0] - t) for k, (t, v) in enumerate(pts[:-1]))
+        assert pts[-1][1] == 0.0 and abs(integral - want[name]) <= 1e-6 * max(want[name], 1), name
+        checked += 1
+    assert checked >= len(corr.tables["gpus"]["gpu"]) + len(corr.tables["nodes"]["label"])
     begins = sum(1 for e in evs if e.type == P.TrackEvent.TYPE_SLICE_BEGIN)
     assert begins == sum(1 for e in evs if e.type == P.TrackEvent.TYPE_SLICE_END) and begins > 0
     assert stats["flows"] == len(out_ids)
@@ -61,3 +88,30 @@ def test_parquet_tables_roundtrip(corr, tmp_path):
         assert t.num_rows == len(first), name
     ops = pq.read_table(written["ops"]).to_pydict()
     assert sum(ops["bytes"]) == int(corr.tables["ops"]["bytes"].sum())
+
+
+def test_truncated_trace_is_one_time_window(tmp_path):
+    """With a budget smaller than the capture, the trace is the run's first events across every process and
+    every kind (host calls, operations with their flows), cut at one time — not the first category's or the
+    first processes' events."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
+    cap = FIX / "allreduce_full.bin"
+    if not cap.exists():
+        pytest.skip("model fixture allreduce_full.bin not present")
+    corr = correlate(cap, workers=1)
+    budget = 2000
+    stats = write_perfetto(corr, tmp_path / "t.pftrace", max_events=budget)
+    assert stats["truncated"] and stats["slices"] > 0 and stats["flows"] > 0
+    cut = stats["window_end_ns"]
+    ops = corr.tables["ops"]
+    drawn_ops = int((ops["ns"] <= cut).sum())
+    assert 0 < drawn_ops < len(ops["ns"]) and stats["slices"] + drawn_ops <= budget + 64     # ties at the cut
+    assert len(np.unique(ops["process"][ops["ns"] <= cut])) > 1
+    tr = P.Trace()
+    tr.ParseFromString((tmp_path / "t.pftrace").read_bytes())
+    starts = [p.timestamp for p in tr.packet if p.HasField("track_event")
+              and p.track_event.type in (P.TrackEvent.TYPE_SLICE_BEGIN,)
+              or (p.HasField("track_event") and p.track_event.flow_ids)]
+    assert starts and max(starts) <= cut
+    flows_out = [p.track_event for p in tr.packet if p.HasField("track_event") and p.track_event.flow_ids]
+    assert len(flows_out) == int(((ops["ns"] <= cut) & (ops["dst_qp_id"] >= 0)).sum())

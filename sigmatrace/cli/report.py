@@ -90,8 +90,10 @@ def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=
         prog.close()
         timings["perfetto_s"] = time.perf_counter() - t
         if pstats.get("truncated"):
-            corr.warnings.append(f"Perfetto trace holds the first {max_perfetto_events} events only "
-                                 f"(--max-perfetto-events); Parquet tables hold everything")
+            corr.warnings.append(f"Perfetto trace holds the first {max_perfetto_events:,} events of the run (all "
+                                 f"processes, host calls, doorbells and operations up to "
+                                 f"{pstats.get('window_end_ns')} ns; --max-perfetto-events); the Parquet tables "
+                                 f"hold everything")
     t = time.perf_counter()
     con = connect(out)   # the written Parquet tables: the same views `sigmatrace query` sees
     summary = build_summary(corr, con, pstats)

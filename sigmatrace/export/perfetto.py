@@ -33,61 +33,56 @@ for _t in range(1 << 16):
 
 
 class HostCollector:
-    """Host-layer events the Perfetto export draws, collected from a stream of per-process batches.
+    """Host-layer events the Perfetto export may draw, collected from a stream of batches.
 
-    The export draws the first ``max_events`` host events in (process, thread, ns) order (and needs
-    the next event of the same thread for a slice's duration), so per process at most the remaining
-    budget + 1 events are kept (compacted by a stable sort as batches arrive): bounded memory.
+    The export draws one time window for every kind of event: the ``max_events`` earliest ones across host
+    calls, doorbells and operations (``write_perfetto``).  So at most the ``max_events`` earliest host events
+    (by ns, all processes together) can be drawn, and only those are kept: the buffer is cut back to them
+    (``np.argpartition``) whenever it holds twice as many, which bounds memory whatever the capture's size.
     """
 
     def __init__(self, max_events):
-        self.budget = int(max_events)
+        self.budget = max(0, int(max_events))
         self.total = 0
-        self.cur = None
         self.buf = []
         self.nbuf = 0
-        self.done = []
 
     def add(self, cols):
-        m = _HOST_LUT[cols["type"]]
-        k = int(np.count_nonzero(m))
         if not len(cols["tsc"]):
             return
-        i = int(cols["process"][0])
-        if i != self.cur:
-            self._close()
-            self.cur = i
+        m = _HOST_LUT[np.asarray(cols["type"]).astype(np.int64) & 0xFFFF]
+        k = int(np.count_nonzero(m))
         self.total += k
-        if not k or self.budget <= 0:
+        if not k or not self.budget:
             return
         self.buf.append({c: np.asarray(cols[c])[m].astype(np.int64 if c != "arg" else np.uint64) for c in _HOST_KEYS})
         self.nbuf += k
-        if self.nbuf > 2 * (self.budget + 1) + (1 << 16):
+        if self.nbuf > 2 * self.budget + (1 << 16):
             self._compact()
 
     def _compact(self):
         if not self.buf:
             return
-        b = {c: np.concatenate([x[c] for x in self.buf]) for c in _HOST_KEYS}
-        o = np.lexsort((b["ns"], b["thread"]))[: self.budget + 1]
-        b = {c: v[o] for c, v in b.items()}
-        self.buf, self.nbuf = [b], len(o)
+        b = {c: np.concatenate([x[c] for x in self.buf]) for c in _HOST_KEYS} if len(self.buf) > 1 else self.buf[0]
+        if len(b["ns"]) > self.budget:
+            keep = np.sort(np.argpartition(b["ns"], self.budget - 1)[: self.budget])   # earliest, stream order
+            b = {c: v[keep] for c, v in b.items()}
+        self.buf, self.nbuf = [b], len(b["ns"])
 
     def _close(self):
-        if self.buf:
-            self._compact()
-            b = self.buf[0]
-            self.done.append(b)
-            self.budget -= min(self.budget, len(b["ns"]) - (1 if len(b["ns"]) > self.budget else 0))
-        self.buf, self.nbuf = [], 0
+        self._compact()
+
+    @property
+    def done(self):
+        """The kept events (one batch of columns, or none): what a worker hands back for merging."""
+        self._compact()
+        return list(self.buf)
 
     def result(self):
-        self._close()
-        if self.done:
-            cols = {c: np.concatenate([d[c] for d in self.done]) for c in _HOST_KEYS}
-        else:
-            cols = {c: np.zeros(0, np.int64) for c in _HOST_KEYS}
-        return cols, self.total
+        self._compact()
+        if self.buf:
+            return dict(self.buf[0]), self.total
+        return {c: np.zeros(0, np.int64) for c in _HOST_KEYS}, self.total
 
 
 def host_events(corr, max_events):
@@ -104,12 +99,6 @@ def host_events(corr, max_events):
     for cols in corr.iter_events():
         hc.add(cols)
     return hc.result()
-
-
-def _bw_series(ns, nbytes, bin_ns, t0, nbins):
-    b = np.clip(((ns - t0) // bin_ns).astype(np.int64), 0, nbins - 1)
-    s = np.bincount(b, weights=nbytes.astype(np.float64), minlength=nbins)
-    return s / bin_ns  # bytes per ns = GB/s
 
 
 def write_perfetto(corr, path, max_events=500_000, bins=400):
@@ -215,17 +204,31 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
         peer = f" → rank {Q['remote_rank'][i]} QP {Q['remote_qpn'][i]:#x}" if Q["remote_qp_id"][i] >= 0 else ""
         qp_uuid[i] = new_uuid()
         track(qp_uuid[i], name=f"QP {int(Q['qpn'][i]):#x} (rank {Q['rank'][i]}){peer}", parent=parent)
-    budget = [max_events]
+    # One time window for everything drawn: the max_events earliest events across host calls, doorbells and
+    # operations (ties at the cut included), so that the timeline is the whole system's first part of the run,
+    # not the first processes' or the first category's events; the tables hold every event.
+    D = T["doorbells"]
+    ops_t = T["ops"]
+    full = ops_t.rows(None, ("ns", "bytes", "gpu", "node", "qp_id")) if hasattr(ops_t, "rows") else ops_t
+    ev_t, n_host = host_events(corr, max_events)
+    every_ns = np.concatenate([np.asarray(ev_t["ns"], np.int64), np.asarray(D["ns"], np.int64),
+                               np.asarray(full["ns"], np.int64)])
+    cut = None
+    if n_host + len(D["ns"]) + len(full["ns"]) > max_events:
+        stats["truncated"] = True
+        cut = int(np.partition(every_ns, max_events - 1)[max_events - 1]) if 0 < max_events <= len(every_ns) else \
+            (int(every_ns.max()) if len(every_ns) and max_events > 0 else None)
+        stats["window_end_ns"] = cut
+    del every_ns
 
-    def take(n):
-        k = min(n, budget[0])
-        budget[0] -= k
-        if k < n:
-            stats["truncated"] = True
-        return k
+    def window(ns):
+        """Indices of the rows inside the drawn window."""
+        ns = np.asarray(ns)
+        if cut is None:
+            return np.arange(len(ns)) if max_events > 0 or not stats["truncated"] else np.zeros(0, np.int64)
+        return np.flatnonzero(ns <= cut)
 
     # host calls: slices on thread tracks
-    ev_t, n_host = host_events(corr, max_events)
     if len(ev_t["ns"]):
         o = np.lexsort((ev_t["ns"], ev_t["thread"], ev_t["process"]))
         ev_t = {k: v[o] for k, v in ev_t.items()}
@@ -234,21 +237,19 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
         same = np.append(key[1:] == key[:-1], False)
         dur = np.where(same, np.minimum(nxt - ev_t["ns"], 1000), 1000)
         dur = np.maximum(dur, 1)
-        hs = np.arange(min(take(n_host), len(ev_t["ns"])))
+        hs = window(ev_t["ns"])
         names = np.array([E.name_of(t) for t in range(0x700)], dtype=object)
-        for j, i in enumerate(hs):
+        for i in hs.tolist():
             u = thread_uuid.get((int(ev_t["process"][i]), int(ev_t["thread"][i])))
             if u is None:
                 u = proc_uuid[int(ev_t["process"][i])][0]
             nm = names[min(int(ev_t["type"][i]), len(names) - 1)]
             ev(ev_t["ns"][i], u, P.TrackEvent.TYPE_SLICE_BEGIN, nm,
                ann=[("obj", int(ev_t["obj"][i])), ("aux", int(ev_t["aux"][i])), ("arg", int(ev_t["arg"][i]))])
-            ev(ev_t["ns"][i] + dur[j], u, P.TrackEvent.TYPE_SLICE_END)
+            ev(ev_t["ns"][i] + dur[i], u, P.TrackEvent.TYPE_SLICE_END)
             stats["slices"] += 1
     # doorbells on GPU tracks
-    D = T["doorbells"]
-    nd = take(len(D["doorbell_id"]))
-    for i in range(nd):
+    for i in window(D["ns"]).tolist():
         g = int(D["gpu"][i])
         u = gpu_uuid.get(g) or qp_uuid.get(int(D["qp_id"][i])) or proc_uuid[int(D["process"][i])][0]
         ev(D["ns"][i], u, P.TrackEvent.TYPE_INSTANT, "doorbell",
@@ -257,21 +258,17 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
                 ("recovered", bool(D["complete"][i]))])
         stats["instants"] += 1
     # operations on QP tracks, flows to the peer QP
-    ops_t = T["ops"]
-    n_ops = ops_t.n_rows if hasattr(ops_t, "rows") else len(ops_t["op_id"])
-    no = take(n_ops)
-    # the drawn ops (first rows) in full; the counters need five columns of every op
-    ops = ops_t.rows(slice(0, no)) if hasattr(ops_t, "rows") else ops_t
-    full = ops_t.rows(None, ("ns", "bytes", "gpu", "node", "qp_id")) if hasattr(ops_t, "rows") else ops_t
+    drawn = window(full["ns"])
+    ops = ops_t.rows(drawn) if hasattr(ops_t, "rows") else {k: np.asarray(v)[drawn] for k, v in ops_t.items()}
     flow_base = 1 << 40
-    for i in range(no):
+    for i in range(len(drawn)):
         u = qp_uuid.get(int(ops["qp_id"][i]))
         if u is None:
             continue
         dq = int(ops["dst_qp_id"][i])
         peer = (f"rank {ops['dst_rank'][i]} {labels[ops['dst_node'][i]]} QP {ops['dst_qpn'][i]:#x}"
                 if dq >= 0 else "unknown")
-        fid = flow_base + i
+        fid = flow_base + int(drawn[i])
         ann = [("opcode", str(ops["opcode_name"][i])), ("bytes", int(ops["bytes"][i])),
                ("raddr", f"{int(ops['raddr'][i]):#x}"), ("rkey", f"{int(ops['rkey'][i]):#x}"), ("peer", peer),
                ("source", str(ops["source_name"][i]))]
@@ -296,33 +293,47 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
         nb = int((t1 - t0) // bin_ns) + 1
         ts = t0 + np.arange(nb + 1) * bin_ns
 
-        def counters(name, parent, mask):
+        # one pass per level: bytes summed per (key, bin) with one bincount (not a masked pass per GPU/QP)
+        bin_of = np.clip(((full["ns"] - t0) // bin_ns).astype(np.int64), 0, nb - 1)
+        w = full["bytes"].astype(np.float64)
+
+        def series(key, nkeys):
+            ok = key >= 0
+            s = np.bincount(key[ok].astype(np.int64) * nb + bin_of[ok], weights=w[ok], minlength=nkeys * nb)
+            return s.reshape(nkeys, nb) / bin_ns     # bytes per ns = GB/s
+
+        def counters(name, parent, s):
             u = new_uuid()
             track(u, name=name, parent=parent, counter=True, unit="GB/s")
-            s = _bw_series(full["ns"][mask], full["bytes"][mask], bin_ns, t0, nb)
-            s = np.append(s, 0.0)
-            for t, v in zip(ts, s):
+            for t, v in zip(ts, np.append(s, 0.0)):
                 ev(t, u, P.TrackEvent.TYPE_COUNTER, value=v)
                 stats["counters"] += 1
 
-        for g, uu in gpu_uuid.items():
-            m = full["gpu"] == g
-            if m.any():
-                counters(f"GPU {G['label'][g]} egress GB/s", uu, m)
+        if gpu_uuid:
+            per = series(full["gpu"], max(gpu_uuid) + 1)
+            for g, uu in gpu_uuid.items():
+                if per[g].any():
+                    counters(f"GPU {G['label'][g]} egress GB/s", uu, per[g])
+        per = series(full["node"], len(labels))
         for n, uu in node_uuid.items():
-            m = full["node"] == n
-            if m.any():
-                counters(f"node {labels[n]} egress GB/s", uu, m)
-        hasq = full["qp_id"] >= 0    # UCX / libfabric ops have no QP
-        qtot = np.bincount(full["qp_id"][hasq], weights=full["bytes"][hasq], minlength=len(Q["qp_id"])) \
-            if len(Q["qp_id"]) else []
-        for q in np.argsort(-np.asarray(qtot))[:64]:
-            if qtot[q] > 0:
-                counters(f"QP {int(Q['qpn'][q]):#x} GB/s", qp_uuid[int(q)], full["qp_id"] == q)
+            if per[n].any():
+                counters(f"node {labels[n]} egress GB/s", uu, per[n])
+        nq = len(Q["qp_id"])
+        if nq:
+            hasq = full["qp_id"] >= 0    # UCX / libfabric ops have no QP
+            qtot = np.bincount(full["qp_id"][hasq], weights=w[hasq], minlength=nq)
+            top = [int(q) for q in np.argsort(-qtot, kind="stable")[:64] if qtot[q] > 0]
+            if top:
+                slot = np.full(nq, -1, np.int64)
+                slot[top] = np.arange(len(top))
+                per = series(np.where(hasq, slot[np.maximum(full["qp_id"], 0)], -1), len(top))
+                for k, q in enumerate(top):
+                    counters(f"QP {int(Q['qpn'][q]):#x} GB/s", qp_uuid[q], per[k])
     if stats["truncated"]:
         u = new_uuid()
         track(u, name="sigmatrace")
-        ev(int(full["ns"].min()) if len(full["ns"]) else 0, u, P.TrackEvent.TYPE_INSTANT,
-           f"trace truncated at {max_events} events (see summary.json)")
+        ev(cut if cut is not None else 0, u, P.TrackEvent.TYPE_INSTANT,
+           f"timeline ends here: the first {max_events:,} events are drawn (--max-perfetto-events); "
+           f"the tables hold all of them")
     f.close()
     return stats
