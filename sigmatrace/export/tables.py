@@ -333,24 +333,15 @@ def write_tables(corr, out_dir, names=TABLES, progress=None, collect_host=None, 
                 width = len(t.columns) / 14    # cost per row relative to an events row
                 jobs += [(name, "rows", (name, str(p / f"part-{k:05d}.parquet"), lo, hi), int((hi - lo) * width))
                          for k, (lo, hi) in enumerate(_range_parts(t.n_rows, workers))]
-        futs = []
+        global _FORKED
+        _FORKED = corr       # what _write_rows reads (in forked workers: the parent's memory, copy-on-write)
+        jobs.sort(key=lambda j: -j[3])      # largest first
         if parallel and len(jobs) > 1:
-            global _FORKED
-            _FORKED = corr
             import multiprocessing as mp
             ex = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
-            for job in sorted(jobs, key=lambda j: -j[3]):
-                fn = _write_part if job[1] == "events" else _write_forked
-                futs.append((job, ex.submit(fn, job[2]) if job[1] == "events" else ex.submit(fn, *job[2])))
-            _FORKED = None
+            futs = [(job, ex.submit(_run_job, job[1], job[2])) for job in jobs]
         else:
-            for job in jobs:
-                if job[1] == "events":
-                    futs.append((job, _Done(_write_part(job[2]))))
-                else:
-                    name, path, lo, hi = job[2]
-                    _write_ranges(corr.tables[name], path, lo=lo, hi=hi)
-                    futs.append((job, _Done(path)))
+            futs = [(job, _Done(_run_job(job[1], job[2]))) for job in jobs]
         for name in names:
             if name not in corr.tables or name in DIR_TABLES:
                 continue
@@ -377,7 +368,14 @@ def write_tables(corr, out_dir, names=TABLES, progress=None, collect_host=None, 
     finally:
         if ex is not None:
             ex.shutdown()
+        _FORKED = None
     return {k: written[k] for k in names if k in written}
+
+
+def _run_job(kind, task):
+    """One part file: an events part (returns its row count and host events) or rows [lo, hi) of a
+    per-operation table."""
+    return _write_part(task) if kind == "events" else _write_rows(*task)
 
 
 class _Done:
@@ -397,8 +395,8 @@ def _fork_ok():
     return "fork" in mp.get_all_start_methods()
 
 
-def _write_forked(name, path, lo, hi):
-    """Worker (forked after the correlation): rows [lo, hi) of one per-operation table of the parent's
-    Correlated as one part file."""
+def _write_rows(name, path, lo, hi):
+    """Rows [lo, hi) of one per-operation table of the Correlated being written (``_FORKED``; in a forked
+    worker: the parent's) as one part file."""
     _write_ranges(_FORKED.tables[name], path, lo=lo, hi=hi)
     return path
