@@ -115,3 +115,19 @@ def test_truncated_trace_is_one_time_window(tmp_path):
     assert starts and max(starts) <= cut
     flows_out = [p.track_event for p in tr.packet if p.HasField("track_event") and p.track_event.flow_ids]
     assert len(flows_out) == int(((ops["ns"] <= cut) & (ops["dst_qp_id"] >= 0)).sum())
+
+
+def test_streaming_scan_equals_one_pass(tmp_path, monkeypatch):
+    """The ops are scanned in ranges (counters, window candidates) and, with many QPs, the top QPs' series in a
+    second pass: tiny ranges and the second pass give the same trace as one range."""
+    from sigmatrace.export import perfetto as PF
+    cap = FIX / "allreduce_full.bin"
+    if not cap.exists():
+        pytest.skip("model fixture allreduce_full.bin not present")
+    corr = correlate(cap, workers=1)
+    a = PF.write_perfetto(corr, tmp_path / "a.pftrace", max_events=1500)
+    monkeypatch.setattr(PF, "_SCAN_ROWS", 7)
+    monkeypatch.setattr(PF, "_QP_SERIES_MAX", 0)
+    b = PF.write_perfetto(corr, tmp_path / "b.pftrace", max_events=1500)
+    assert a == b and a["truncated"] and a["counters"] > 0
+    assert (tmp_path / "a.pftrace").read_bytes() == (tmp_path / "b.pftrace").read_bytes()

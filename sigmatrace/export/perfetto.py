@@ -101,6 +101,81 @@ def host_events(corr, max_events):
     return hc.result()
 
 
+_SCAN_ROWS = 1 << 22       # operations per range in the streaming pass over ops
+_QP_SERIES_MAX = 1 << 24   # per-QP bins kept in the first pass (else a second pass for the top QPs only)
+
+
+def _ops_cols(ops_t, sel, names):
+    if hasattr(ops_t, "rows"):
+        return ops_t.rows(sel, names)
+    return {k: np.asarray(ops_t[k])[sel] for k in names}
+
+
+def _scan_ops(ops_t, n_ops, n_gpu, n_node, n_qp, keep, bins, time_range=None):
+    """One streaming pass over the operations (ranges of _SCAN_ROWS rows, so no column of every op is held):
+    egress bytes per (GPU | node | QP, time bin) for the counters, and the ``keep`` earliest ops (ns, row) as
+    candidates for the drawn time window.  The bins span ``time_range`` (the capture's) when known."""
+    names = ("ns", "bytes", "gpu", "node", "qp_id")
+    if time_range is None or time_range[1] < time_range[0]:
+        lo = hi = None
+        for a in range(0, n_ops, _SCAN_ROWS):
+            ns = _ops_cols(ops_t, slice(a, min(a + _SCAN_ROWS, n_ops)), ("ns",))["ns"]
+            if len(ns):
+                lo = int(ns.min()) if lo is None else min(lo, int(ns.min()))
+                hi = int(ns.max()) if hi is None else max(hi, int(ns.max()))
+        time_range = (lo or 0, hi or 0)
+    t0, t1 = int(time_range[0]), int(time_range[1]) + 1
+    bin_ns = max(1000, (t1 - t0) // bins + 1)
+    nb = int((t1 - t0) // bin_ns) + 1
+    acc = dict(gpu=np.zeros(n_gpu * nb), node=np.zeros(n_node * nb))
+    qp_series = n_qp * nb <= _QP_SERIES_MAX
+    if qp_series:
+        acc["qp_id"] = np.zeros(n_qp * nb)
+    qtot = np.zeros(n_qp)
+    cand_ns, cand_row = [], []
+
+    def add(key, n, b, w, into):
+        ok = (key >= 0) & (key < n)
+        into += np.bincount(key[ok].astype(np.int64) * nb + b[ok], weights=w[ok], minlength=n * nb)
+
+    for a in range(0, n_ops, _SCAN_ROWS):
+        c = _ops_cols(ops_t, slice(a, min(a + _SCAN_ROWS, n_ops)), names)
+        ns = np.asarray(c["ns"], np.int64)
+        b = np.clip((ns - t0) // bin_ns, 0, nb - 1)
+        w = np.asarray(c["bytes"], np.float64)
+        add(np.asarray(c["gpu"]), n_gpu, b, w, acc["gpu"])
+        add(np.asarray(c["node"]), n_node, b, w, acc["node"])
+        q = np.asarray(c["qp_id"])
+        hasq = (q >= 0) & (q < n_qp)          # UCX / libfabric ops have no QP
+        qtot += np.bincount(q[hasq], weights=w[hasq], minlength=n_qp)
+        if qp_series:
+            add(q, n_qp, b, w, acc["qp_id"])
+        if keep > 0:
+            # this range's keep earliest, ties included: every op at or before the window's end (the keep-th
+            # earliest of all candidates, never later than any range's keep-th) is among them
+            r = np.flatnonzero(ns <= np.partition(ns, keep - 1)[keep - 1]) if len(ns) > keep else np.arange(len(ns))
+            cand_ns.append(ns[r])
+            cand_row.append(r + a)
+    top = [int(q) for q in np.argsort(-qtot, kind="stable")[:64] if qtot[q] > 0]
+    if qp_series:
+        per_qp = acc["qp_id"].reshape(n_qp, nb)[top]
+    else:                                  # many QPs: the top ones' series in a second pass
+        slot = np.full(n_qp, -1, np.int64)
+        slot[top] = np.arange(len(top))
+        per_qp = np.zeros(len(top) * nb)
+        for a in range(0, n_ops, _SCAN_ROWS):
+            c = _ops_cols(ops_t, slice(a, min(a + _SCAN_ROWS, n_ops)), ("ns", "bytes", "qp_id"))
+            q = np.asarray(c["qp_id"])
+            k = np.where((q >= 0) & (q < n_qp), slot[np.clip(q, 0, max(n_qp - 1, 0))], -1)
+            b = np.clip((np.asarray(c["ns"], np.int64) - t0) // bin_ns, 0, nb - 1)
+            add(k, len(top), b, np.asarray(c["bytes"], np.float64), per_qp)
+        per_qp = per_qp.reshape(len(top), nb)
+    cand = (np.concatenate(cand_ns) if cand_ns else np.zeros(0, np.int64),
+            np.concatenate(cand_row) if cand_row else np.zeros(0, np.int64))
+    return dict(t0=t0, bin_ns=bin_ns, nb=nb, gpu=acc["gpu"].reshape(n_gpu, nb) / bin_ns,
+                node=acc["node"].reshape(n_node, nb) / bin_ns, top_qps=top, qp=per_qp / bin_ns, candidates=cand)
+
+
 def write_perfetto(corr, path, max_events=500_000, bins=400):
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
     from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
@@ -209,12 +284,15 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
     # not the first processes' or the first category's events; the tables hold every event.
     D = T["doorbells"]
     ops_t = T["ops"]
-    full = ops_t.rows(None, ("ns", "bytes", "gpu", "node", "qp_id")) if hasattr(ops_t, "rows") else ops_t
+    n_ops = ops_t.n_rows if hasattr(ops_t, "rows") else len(ops_t["op_id"])
     ev_t, n_host = host_events(corr, max_events)
-    every_ns = np.concatenate([np.asarray(ev_t["ns"], np.int64), np.asarray(D["ns"], np.int64),
-                               np.asarray(full["ns"], np.int64)])
+    tr = corr.stats.get("time_range_ns") if hasattr(corr, "stats") else None
+    scan = _scan_ops(ops_t, n_ops, len(G["gpu"]), len(labels), len(Q["qp_id"]), max(0, max_events), bins,
+                     tuple(tr) if tr else None)
+    cand_ns, cand_row = scan.pop("candidates")
+    every_ns = np.concatenate([np.asarray(ev_t["ns"], np.int64), np.asarray(D["ns"], np.int64), cand_ns])
     cut = None
-    if n_host + len(D["ns"]) + len(full["ns"]) > max_events:
+    if n_host + len(D["ns"]) + n_ops > max_events:
         stats["truncated"] = True
         cut = int(np.partition(every_ns, max_events - 1)[max_events - 1]) if 0 < max_events <= len(every_ns) else \
             (int(every_ns.max()) if len(every_ns) and max_events > 0 else None)
@@ -257,9 +335,12 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
                 ("wqes", int(D["wqes"][i])), ("wqebbs", int(D["delta_wqebbs"][i])),
                 ("recovered", bool(D["complete"][i]))])
         stats["instants"] += 1
-    # operations on QP tracks, flows to the peer QP
-    drawn = window(full["ns"])
-    ops = ops_t.rows(drawn) if hasattr(ops_t, "rows") else {k: np.asarray(v)[drawn] for k, v in ops_t.items()}
+    # operations on QP tracks, flows to the peer QP: the window's ops are among the scan's candidates
+    if stats["truncated"]:
+        drawn = np.sort(cand_row[cand_ns <= cut]) if cut is not None else np.zeros(0, np.int64)
+    else:
+        drawn = np.arange(n_ops)
+    ops = _ops_cols(ops_t, drawn, ops_t.columns if hasattr(ops_t, "columns") else tuple(ops_t))
     flow_base = 1 << 40
     for i in range(len(drawn)):
         u = qp_uuid.get(int(ops["qp_id"][i]))
@@ -286,49 +367,25 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
                ann=[("bytes", int(ops["bytes"][i])), ("side", "target")], term=[fid])
             stats["instants"] += 1
             stats["flows"] += 1
-    # bandwidth counters
-    if len(full["ns"]):
-        t0, t1 = int(full["ns"].min()), int(full["ns"].max()) + 1
-        bin_ns = max(1000, (t1 - t0) // bins + 1)
-        nb = int((t1 - t0) // bin_ns) + 1
-        ts = t0 + np.arange(nb + 1) * bin_ns
+    # bandwidth counters (from the scan: bytes per key and time bin)
+    if n_ops:
+        ts = scan["t0"] + np.arange(scan["nb"] + 1) * scan["bin_ns"]
 
-        # one pass per level: bytes summed per (key, bin) with one bincount (not a masked pass per GPU/QP)
-        bin_of = np.clip(((full["ns"] - t0) // bin_ns).astype(np.int64), 0, nb - 1)
-        w = full["bytes"].astype(np.float64)
-
-        def series(key, nkeys):
-            ok = key >= 0
-            s = np.bincount(key[ok].astype(np.int64) * nb + bin_of[ok], weights=w[ok], minlength=nkeys * nb)
-            return s.reshape(nkeys, nb) / bin_ns     # bytes per ns = GB/s
-
-        def counters(name, parent, s):
+        def counters(name, parent, series):
             u = new_uuid()
             track(u, name=name, parent=parent, counter=True, unit="GB/s")
-            for t, v in zip(ts, np.append(s, 0.0)):
+            for t, v in zip(ts, np.append(series, 0.0)):
                 ev(t, u, P.TrackEvent.TYPE_COUNTER, value=v)
                 stats["counters"] += 1
 
-        if gpu_uuid:
-            per = series(full["gpu"], max(gpu_uuid) + 1)
-            for g, uu in gpu_uuid.items():
-                if per[g].any():
-                    counters(f"GPU {G['label'][g]} egress GB/s", uu, per[g])
-        per = series(full["node"], len(labels))
+        for g, uu in gpu_uuid.items():
+            if scan["gpu"][g].any():
+                counters(f"GPU {G['label'][g]} egress GB/s", uu, scan["gpu"][g])
         for n, uu in node_uuid.items():
-            if per[n].any():
-                counters(f"node {labels[n]} egress GB/s", uu, per[n])
-        nq = len(Q["qp_id"])
-        if nq:
-            hasq = full["qp_id"] >= 0    # UCX / libfabric ops have no QP
-            qtot = np.bincount(full["qp_id"][hasq], weights=w[hasq], minlength=nq)
-            top = [int(q) for q in np.argsort(-qtot, kind="stable")[:64] if qtot[q] > 0]
-            if top:
-                slot = np.full(nq, -1, np.int64)
-                slot[top] = np.arange(len(top))
-                per = series(np.where(hasq, slot[np.maximum(full["qp_id"], 0)], -1), len(top))
-                for k, q in enumerate(top):
-                    counters(f"QP {int(Q['qpn'][q]):#x} GB/s", qp_uuid[q], per[k])
+            if scan["node"][n].any():
+                counters(f"node {labels[n]} egress GB/s", uu, scan["node"][n])
+        for k, q in enumerate(scan["top_qps"]):
+            counters(f"QP {int(Q['qpn'][q]):#x} GB/s", qp_uuid[q], scan["qp"][k])
     if stats["truncated"]:
         u = new_uuid()
         track(u, name="sigmatrace")
