@@ -426,9 +426,14 @@ def _memtrace(label):
 _MEMTRACE_T = [None]
 
 
+# the record types with one row per operation or completion: merged from the per-process parts in threads
+_LARGE_TYPES = ("IBV_SEND_WR", "IBV_WC", "IBV_POST_SEND", "IBV_WR_COMPLETE", "DB_DOORBELL", "DB_WQE")
+
+
 def _build(out, st, procs, clock_refine, refine_windows, progress):
     T = out.tables
     nproc = len(procs)
+    st.prefetch(_LARGE_TYPES, min(out.workers, 4))
     # ---- processes and nodes --------------------------------------------------------------
     node_key, node_of = {}, np.zeros(nproc, np.int64)
     ranks = np.full(nproc, -1, np.int64)
