@@ -131,3 +131,17 @@ def test_streaming_scan_equals_one_pass(tmp_path, monkeypatch):
     b = PF.write_perfetto(corr, tmp_path / "b.pftrace", max_events=1500)
     assert a == b and a["truncated"] and a["counters"] > 0
     assert (tmp_path / "a.pftrace").read_bytes() == (tmp_path / "b.pftrace").read_bytes()
+
+
+def test_host_events_tied_at_the_cut_are_kept():
+    """The host-event collector keeps the budget earliest events and every event tied with the last one, so the
+    time window drawn from them includes ties at its end like it does for operations."""
+    from sigmatrace.export.perfetto import HostCollector
+    hc = HostCollector(2)
+    n = 5
+    host_type = 0x0100          # a host-layer event type (layer 0x01)
+    hc.add(dict(tsc=np.zeros(n, np.uint64), type=np.full(n, host_type), process=np.zeros(n), thread=np.arange(n),
+                ns=np.array([3, 1, 1, 1, 0]), aux=np.zeros(n), obj=np.zeros(n), arg=np.zeros(n, np.uint64)))
+    hc._compact()
+    cols, total = hc.result()
+    assert total == n and sorted(cols["ns"].tolist()) == [0, 1, 1, 1]      # 2 earliest + the ties at ns 1

@@ -89,7 +89,10 @@ def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=
         pstats = write_perfetto(corr, out / "trace.pftrace", max_events=max_perfetto_events)
         prog.close()
         timings["perfetto_s"] = time.perf_counter() - t
-        if pstats.get("truncated"):
+        if pstats.get("truncated") and pstats.get("window_end_ns") is None:
+            corr.warnings.append("Perfetto trace holds no events (--max-perfetto-events 0); the Parquet tables hold "
+                                 "everything")
+        elif pstats.get("truncated"):
             corr.warnings.append(f"Perfetto trace holds the first {max_perfetto_events:,} events of the run (all "
                                  f"processes, host calls, doorbells and operations up to "
                                  f"{pstats.get('window_end_ns')} ns; --max-perfetto-events); the Parquet tables "

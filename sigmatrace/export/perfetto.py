@@ -65,7 +65,9 @@ class HostCollector:
             return
         b = {c: np.concatenate([x[c] for x in self.buf]) for c in _HOST_KEYS} if len(self.buf) > 1 else self.buf[0]
         if len(b["ns"]) > self.budget:
-            keep = np.sort(np.argpartition(b["ns"], self.budget - 1)[: self.budget])   # earliest, stream order
+            # the budget earliest, ties at the last one included (the window's cut keeps ties of every kind),
+            # in stream order
+            keep = np.flatnonzero(b["ns"] <= np.partition(b["ns"], self.budget - 1)[self.budget - 1])
             b = {c: v[keep] for c, v in b.items()}
         self.buf, self.nbuf = [b], len(b["ns"])
 

@@ -367,7 +367,7 @@ def write_tables(corr, out_dir, names=TABLES, progress=None, collect_host=None, 
                     progress(name)
     finally:
         if ex is not None:
-            ex.shutdown()
+            ex.shutdown(cancel_futures=True)    # after an error: parts not started yet are not written
         _FORKED = None
     return {k: written[k] for k in names if k in written}
 
