@@ -178,50 +178,37 @@ def _scan_ops(ops_t, n_ops, n_gpu, n_node, n_qp, keep, bins, time_range=None):
                 node=acc["node"].reshape(n_node, nb) / bin_ns, top_qps=top, qp=per_qp / bin_ns, candidates=cand)
 
 
-def write_perfetto(corr, path, max_events=500_000, bins=400):
-    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
-    from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
+_CHUNK = 50_000             # drawn events per emission chunk (one packet sequence each)
+_EMIT = None               # what _emit_chunk draws from (set by write_perfetto; forked workers inherit it)
 
-    T = corr.tables
-    stats = dict(tracks=0, instants=0, slices=0, counters=0, flows=0, truncated=False)
-    f = open(path, "wb")
-    b = StreamingTraceProtoBuilder(f)
-    uuid_ctr = [1000]
 
-    def new_uuid():
-        uuid_ctr[0] += 1
-        return uuid_ctr[0]
+def _fork_ok():
+    import multiprocessing as mp
+    return "fork" in mp.get_all_start_methods()
 
-    def pkt():
-        p = b.create_packet()
-        p.trusted_packet_sequence_id = _SEQ
+
+class _Packets:
+    """TracePackets of one sequence written through perfetto's StreamingTraceProtoBuilder into a buffer."""
+
+    def __init__(self, seq):
+        import io
+        from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
+        from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
+        self.P = P
+        self.buf = io.BytesIO()
+        self.b = StreamingTraceProtoBuilder(self.buf)
+        self.seq = seq
+        first = self.packet()
+        first.sequence_flags = P.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+        self.b.write_packet(first)
+
+    def packet(self):
+        p = self.b.create_packet()
+        p.trusted_packet_sequence_id = self.seq
         return p
 
-    first = pkt()
-    first.sequence_flags = P.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-    b.write_packet(first)
-
-    def track(uuid, name=None, parent=None, process=None, thread=None, counter=False, unit=None):
-        p = pkt()
-        td = p.track_descriptor
-        td.uuid = uuid
-        if name:
-            td.name = name
-        if parent:
-            td.parent_uuid = parent
-        if process is not None:
-            td.process.pid, td.process.process_name = process
-        if thread is not None:
-            td.thread.pid, td.thread.tid, td.thread.thread_name = thread
-        if counter:
-            td.counter.SetInParent()
-            if unit:
-                td.counter.unit_name = unit
-        b.write_packet(p)
-        stats["tracks"] += 1
-
-    def ev(ts, uuid, typ, name=None, ann=None, flows=None, term=None, value=None):
-        p = pkt()
+    def ev(self, ts, uuid, typ, name=None, ann=None, flows=None, term=None, value=None):
+        p = self.packet()
         p.timestamp = int(ts)
         te = p.track_event
         te.type = typ
@@ -246,7 +233,107 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
             te.terminating_flow_ids.extend(int(x) for x in term)
         if value is not None:
             te.double_counter_value = float(value)
-        b.write_packet(p)
+        self.b.write_packet(p)
+
+
+def _emit_chunk(arg):
+    """One chunk of drawn events (host slices, doorbells or operations [lo, hi)) as serialized packets of
+    sequence _SEQ + 1 + k; returns (bytes, stats)."""
+    k, (kind, lo, hi) = arg
+    S = _EMIT
+    out = _Packets(_SEQ + 1 + k)
+    P = out.P
+    st = dict(slices=0, instants=0, flows=0)
+    if kind == "host":
+        ev_t, dur, names = S["ev_t"], S["dur"], S["names"]
+        for i in S["hs"][lo:hi].tolist():
+            u = S["thread_uuid"].get((int(ev_t["process"][i]), int(ev_t["thread"][i])))
+            if u is None:
+                u = S["proc_uuid"][int(ev_t["process"][i])][0]
+            nm = names[min(int(ev_t["type"][i]), len(names) - 1)]
+            out.ev(ev_t["ns"][i], u, P.TrackEvent.TYPE_SLICE_BEGIN, nm,
+                   ann=[("obj", int(ev_t["obj"][i])), ("aux", int(ev_t["aux"][i])), ("arg", int(ev_t["arg"][i]))])
+            out.ev(ev_t["ns"][i] + dur[i], u, P.TrackEvent.TYPE_SLICE_END)
+            st["slices"] += 1
+    elif kind == "doorbells":
+        D = S["D"]
+        for i in S["dbs"][lo:hi].tolist():
+            g = int(D["gpu"][i])
+            u = S["gpu_uuid"].get(g) or S["qp_uuid"].get(int(D["qp_id"][i])) or S["proc_uuid"][int(D["process"][i])][0]
+            out.ev(D["ns"][i], u, P.TrackEvent.TYPE_INSTANT, "doorbell",
+                   ann=[("qpn", int(D["qpn"][i])), ("producer_index", int(D["producer_index"][i])),
+                        ("wqes", int(D["wqes"][i])), ("wqebbs", int(D["delta_wqebbs"][i])),
+                        ("recovered", bool(D["complete"][i]))])
+            st["instants"] += 1
+    else:
+        ops, D, labels, qp_uuid, drawn = S["ops"], S["D"], S["labels"], S["qp_uuid"], S["drawn"]
+        flow_base = 1 << 40
+        for i in range(lo, hi):
+            u = qp_uuid.get(int(ops["qp_id"][i]))
+            if u is None:
+                continue
+            dq = int(ops["dst_qp_id"][i])
+            peer = (f"rank {ops['dst_rank'][i]} {labels[ops['dst_node'][i]]} QP {ops['dst_qpn'][i]:#x}"
+                    if dq >= 0 else "unknown")
+            fid = flow_base + int(drawn[i])
+            ann = [("opcode", str(ops["opcode_name"][i])), ("bytes", int(ops["bytes"][i])),
+                   ("raddr", f"{int(ops['raddr'][i]):#x}"), ("rkey", f"{int(ops['rkey'][i]):#x}"), ("peer", peer),
+                   ("source", str(ops["source_name"][i]))]
+            if ops["doorbell_id"][i] >= 0:
+                ann.append(("producer_index", int(D["producer_index"][ops["doorbell_id"][i]])))
+            if ops["latency_ns"][i] >= 0:
+                ann.append(("latency_ns", int(ops["latency_ns"][i])))
+            out.ev(ops["ns"][i], u, P.TrackEvent.TYPE_INSTANT, str(ops["opcode_name"][i]), ann=ann,
+                   flows=[fid] if dq >= 0 else None)
+            st["instants"] += 1
+            if dq >= 0 and dq in qp_uuid:
+                t_dst = ops["peer_ns"][i] if ops["peer_ns"][i] >= 0 else (
+                    ops["complete_ns"][i] if ops["complete_ns"][i] >= 0 else ops["ns"][i])
+                out.ev(t_dst, qp_uuid[dq], P.TrackEvent.TYPE_INSTANT,
+                       f"{ops['opcode_name'][i]} from rank {ops['rank'][i]}",
+                       ann=[("bytes", int(ops["bytes"][i])), ("side", "target")], term=[fid])
+                st["instants"] += 1
+                st["flows"] += 1
+    return out.buf.getvalue(), st
+
+
+def write_perfetto(corr, path, max_events=500_000, bins=400):
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
+
+    T = corr.tables
+    stats = dict(tracks=0, instants=0, slices=0, counters=0, flows=0, truncated=False)
+    f = open(path, "wb")
+    main = _Packets(_SEQ)       # tracks, counters and the truncation marker; the drawn events come in chunks
+    ev = main.ev
+    uuid_ctr = [1000]
+
+    def new_uuid():
+        uuid_ctr[0] += 1
+        return uuid_ctr[0]
+
+    def flush():
+        f.write(main.buf.getvalue())
+        main.buf.seek(0)
+        main.buf.truncate()
+
+    def track(uuid, name=None, parent=None, process=None, thread=None, counter=False, unit=None):
+        p = main.packet()
+        td = p.track_descriptor
+        td.uuid = uuid
+        if name:
+            td.name = name
+        if parent:
+            td.parent_uuid = parent
+        if process is not None:
+            td.process.pid, td.process.process_name = process
+        if thread is not None:
+            td.thread.pid, td.thread.tid, td.thread.thread_name = thread
+        if counter:
+            td.counter.SetInParent()
+            if unit:
+                td.counter.unit_name = unit
+        main.b.write_packet(p)
+        stats["tracks"] += 1
 
     Pt = T["processes"]
     labels = list(T["nodes"]["label"])
@@ -308,7 +395,11 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
             return np.arange(len(ns)) if max_events > 0 or not stats["truncated"] else np.zeros(0, np.int64)
         return np.flatnonzero(ns <= cut)
 
-    # host calls: slices on thread tracks
+    # The drawn events are emitted in chunks of _CHUNK (host slices, doorbells, operations), each chunk on its
+    # own packet sequence into its own buffer, by forked workers when the report has several: the chunks are
+    # cut the same way whatever the worker count and appended in chunk order, so the file does not depend on it.
+    hs = np.zeros(0, np.int64)
+    dur = names = None
     if len(ev_t["ns"]):
         o = np.lexsort((ev_t["ns"], ev_t["thread"], ev_t["process"]))
         ev_t = {k: v[o] for k, v in ev_t.items()}
@@ -319,56 +410,38 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
         dur = np.maximum(dur, 1)
         hs = window(ev_t["ns"])
         names = np.array([E.name_of(t) for t in range(0x700)], dtype=object)
-        for i in hs.tolist():
-            u = thread_uuid.get((int(ev_t["process"][i]), int(ev_t["thread"][i])))
-            if u is None:
-                u = proc_uuid[int(ev_t["process"][i])][0]
-            nm = names[min(int(ev_t["type"][i]), len(names) - 1)]
-            ev(ev_t["ns"][i], u, P.TrackEvent.TYPE_SLICE_BEGIN, nm,
-               ann=[("obj", int(ev_t["obj"][i])), ("aux", int(ev_t["aux"][i])), ("arg", int(ev_t["arg"][i]))])
-            ev(ev_t["ns"][i] + dur[i], u, P.TrackEvent.TYPE_SLICE_END)
-            stats["slices"] += 1
-    # doorbells on GPU tracks
-    for i in window(D["ns"]).tolist():
-        g = int(D["gpu"][i])
-        u = gpu_uuid.get(g) or qp_uuid.get(int(D["qp_id"][i])) or proc_uuid[int(D["process"][i])][0]
-        ev(D["ns"][i], u, P.TrackEvent.TYPE_INSTANT, "doorbell",
-           ann=[("qpn", int(D["qpn"][i])), ("producer_index", int(D["producer_index"][i])),
-                ("wqes", int(D["wqes"][i])), ("wqebbs", int(D["delta_wqebbs"][i])),
-                ("recovered", bool(D["complete"][i]))])
-        stats["instants"] += 1
+    dbs = window(D["ns"])
     # operations on QP tracks, flows to the peer QP: the window's ops are among the scan's candidates
     if stats["truncated"]:
         drawn = np.sort(cand_row[cand_ns <= cut]) if cut is not None else np.zeros(0, np.int64)
     else:
         drawn = np.arange(n_ops)
     ops = _ops_cols(ops_t, drawn, ops_t.columns if hasattr(ops_t, "columns") else tuple(ops_t))
-    flow_base = 1 << 40
-    for i in range(len(drawn)):
-        u = qp_uuid.get(int(ops["qp_id"][i]))
-        if u is None:
-            continue
-        dq = int(ops["dst_qp_id"][i])
-        peer = (f"rank {ops['dst_rank'][i]} {labels[ops['dst_node'][i]]} QP {ops['dst_qpn'][i]:#x}"
-                if dq >= 0 else "unknown")
-        fid = flow_base + int(drawn[i])
-        ann = [("opcode", str(ops["opcode_name"][i])), ("bytes", int(ops["bytes"][i])),
-               ("raddr", f"{int(ops['raddr'][i]):#x}"), ("rkey", f"{int(ops['rkey'][i]):#x}"), ("peer", peer),
-               ("source", str(ops["source_name"][i]))]
-        if ops["doorbell_id"][i] >= 0:
-            ann.append(("producer_index", int(D["producer_index"][ops["doorbell_id"][i]])))
-        if ops["latency_ns"][i] >= 0:
-            ann.append(("latency_ns", int(ops["latency_ns"][i])))
-        ev(ops["ns"][i], u, P.TrackEvent.TYPE_INSTANT, str(ops["opcode_name"][i]), ann=ann,
-           flows=[fid] if dq >= 0 else None)
-        stats["instants"] += 1
-        if dq >= 0 and dq in qp_uuid:
-            t_dst = ops["peer_ns"][i] if ops["peer_ns"][i] >= 0 else (
-                ops["complete_ns"][i] if ops["complete_ns"][i] >= 0 else ops["ns"][i])
-            ev(t_dst, qp_uuid[dq], P.TrackEvent.TYPE_INSTANT, f"{ops['opcode_name'][i]} from rank {ops['rank'][i]}",
-               ann=[("bytes", int(ops["bytes"][i])), ("side", "target")], term=[fid])
-            stats["instants"] += 1
-            stats["flows"] += 1
+    jobs = [(kind, lo, min(lo + _CHUNK, n)) for kind, n in (("host", len(hs)), ("doorbells", len(dbs)),
+                                                            ("ops", len(drawn))) for lo in range(0, n, _CHUNK)]
+    flush()
+    global _EMIT
+    _EMIT = dict(ev_t=ev_t, dur=dur, names=names, hs=hs, D=D, dbs=dbs, ops=ops, drawn=drawn, labels=labels,
+                 thread_uuid=thread_uuid, proc_uuid=proc_uuid, gpu_uuid=gpu_uuid, qp_uuid=qp_uuid)
+    try:
+        workers = int(getattr(corr, "workers", 1) or 1)
+        if workers > 1 and len(jobs) > 1 and _fork_ok():
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("fork")) as ex:
+                done = ex.map(_emit_chunk, [(k, j) for k, j in enumerate(jobs)])
+                for data, st_ in done:
+                    f.write(data)
+                    for k_, v_ in st_.items():
+                        stats[k_] += v_
+        else:
+            for k, j in enumerate(jobs):
+                data, st_ = _emit_chunk((k, j))
+                f.write(data)
+                for k_, v_ in st_.items():
+                    stats[k_] += v_
+    finally:
+        _EMIT = None
     # bandwidth counters (from the scan: bytes per key and time bin)
     if n_ops:
         ts = scan["t0"] + np.arange(scan["nb"] + 1) * scan["bin_ns"]
@@ -394,5 +467,6 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
         ev(cut if cut is not None else 0, u, P.TrackEvent.TYPE_INSTANT,
            f"timeline ends here: the first {max_events:,} events are drawn (--max-perfetto-events); "
            f"the tables hold all of them")
+    flush()
     f.close()
     return stats
