@@ -38,7 +38,7 @@ def _install_json(cap):
     return [cap.side_record(int(t["process"][i]), int(t["side_id"][i])).json() for i in range(len(t["tsc"]))]
 
 
-def run_cpu_client(tmp_path, env_extra=None, args=("--depth", "32", "--ops", "150", "--batch", "7")):
+def run_cpu_client(tmp_path, env_extra=None, args=("--depth", "32", "--ops", "150", "--batch", "7"), verbs=False):
     if IBGDA_CLIENT is None or TRACER is None:
         pytest.skip("emu_ibgda_client / libsigmatrace.so not built (cmake --build build/dev)")
     fab = new_fabric()
@@ -48,7 +48,8 @@ def run_cpu_client(tmp_path, env_extra=None, args=("--depth", "32", "--ops", "15
                   SIGMATRACE_DROP_POLICY="block")
     env.update(env_extra or {})
     try:
-        p = subprocess.run([str(IBGDA_CLIENT), "--pair", *args], env=env, capture_output=True, text=True, timeout=60)
+        p = subprocess.run([str(IBGDA_CLIENT), "--pair", *(("--verbs-qp",) if verbs else ()), *args], env=env,
+                           capture_output=True, text=True, timeout=60)
     finally:
         cleanup_fabric(fab)
     # the traced program behaves as untraced: every data check of the client passes
@@ -229,3 +230,55 @@ def test_free_uar_forwards_last_doorbell_and_restores(tmp_path):
         assert int(fu["reg_addr"][0]) == int(ua["reg_addr"][0]), "the library frees the UAR it made"
         sums = poller_summaries(cap)
         assert len(sums) == 1 and sums[0]["unknown_qp_doorbells"] == 6
+
+
+@pytest.mark.parametrize("cpu", ["1", "0"])
+def test_verbs_qp_bf_register_proxied(tmp_path, cpu):
+    """UCX rc_mlx5 style (F24d on verbs QPs): the client creates its QPs and send CQs with verbs, takes the SQ
+    ring, doorbell record and BlueFlame register from mlx5dv_init_obj, writes WQEs and rings bf.reg itself (no
+    ibv_post_send).  The tracer hands it a register in a proxy page (the second init_obj gives the same one):
+    every WQE is recovered from the host SQ and correlated like a GPU doorbell's, and closing the device stops
+    the poller before the real page goes.  With SIGMATRACE_CPU_DOORBELLS=0 the register is left alone."""
+    from sigmatrace.correlate import correlate
+    stdout, cap, gt, nwqe = run_cpu_client(tmp_path, {"SIGMATRACE_CPU_DOORBELLS": cpu}, verbs=True)
+    assert "TEARDOWN OK" in stdout and "verbs=1" in stdout
+    by = cap.count_by_type()
+    assert by["IBV_CREATE_QP"] == 2 and by["MLX5_DV_INIT_QP"] == 4 and "IBV_POST_SEND" not in by
+    init = [cap.side_record(int(p_), int(s_)).json() for p_, s_ in
+            zip(cap.table("MLX5_DV_INIT_QP")["process"], cap.table("MLX5_DV_INIT_QP")["side_id"])]
+    if cpu == "0":
+        assert all("bf_proxy" not in j for j in init)
+        for k in ("DB_DOORBELL", "DB_HIJACK_INSTALL", "DB_WQE"):
+            assert k not in by, by
+        return
+    # each QP's register is proxied at the same offset in its page, the same proxy both times it is asked for
+    proxies = collections.defaultdict(set)
+    for j in init:
+        real, prox = int(j["bf_reg"], 16), int(j["bf_proxy"], 16)
+        assert prox != real and prox & 0xFFF == real & 0xFFF
+        proxies[j["qpn"]].add(prox)
+    assert len(proxies) == 2 and all(len(v) == 1 for v in proxies.values())
+    (qpn, pis), = gt.items()
+    per, t = recorded_doorbells(cap)
+    assert set(per) == {qpn} and per[qpn][-1] == pis[-1]
+    it = iter(pis)
+    assert all(any(v == g for g in it) for v in per[qpn])       # ground-truth PIs, in order (some coalesced)
+    got, flags, lost = recovered_wqes(cap)
+    assert all(f & 1 for f in flags) and not any(lost.values())
+    assert len(got[qpn]) == nwqe[qpn]
+    m = re.search(r"INITIATOR writes=(\d+) reads=(\d+) fa=(\d+) cs=(\d+) inline=(\d+)", stdout)
+    writes, reads, fa, cs, inl = map(int, m.groups())
+    assert collections.Counter(w.opcode for w in got[qpn]) == {OPC["write"]: writes + inl, OPC["read"]: reads,
+                                                                OPC["fa"]: fa, OPC["cs"]: cs}
+    sums = poller_summaries(cap)
+    assert len(sums) == 1 and sums[0]["wqes_verified"] == nwqe[qpn] and sums[0]["unknown_qp_doorbells"] == 0
+    # the poller stopped at ibv_close_device, before the context's UAR pages went away
+    rm, close = cap.table("DB_HIJACK_REMOVE"), cap.table("IBV_CLOSE_DEVICE")
+    assert len(rm["tsc"]) == 1 and len(close["tsc"]) == 1 and int(rm["tsc"][0]) < int(close["tsc"][0])
+    # correlated like GPU doorbells: every WQE an operation, its doorbell complete, its peer QP from the LIDs
+    c = correlate(tmp_path / "trace", workers=1)
+    d, ops = c.tables["doorbells"], c.tables["ops"]
+    assert bool(d["complete"].all()) and int(d["wqes"].sum()) == nwqe[qpn]
+    assert len(ops["op_id"]) == nwqe[qpn] and set(ops["source_name"]) == {"doorbell"}
+    assert bool((ops["dst_qp_id"] >= 0).all()) and set(c.tables["qps"]["resolved_by"]) == {"lid"}
+    assert int(ops["bytes"].sum()) == writes * 1024 + reads * 4096 + (fa + cs) * 8 + inl * 4

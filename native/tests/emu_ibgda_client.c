@@ -14,6 +14,12 @@
  *       two QPs in this process, connected to each other
  *   emu_ibgda_client --rank 0|1 --dir DIR [--cc] ...
  *       two processes; QPN/LID/MR exchanged through files in DIR
+ *   --verbs-qp
+ *       UCX rc_mlx5 style instead of DevX (F24d): the QP and its send CQ are
+ *       created with verbs (ibv_create_qp / ibv_create_cq, connected with
+ *       ibv_modify_qp); mlx5dv_init_obj gives the SQ ring, the doorbell record,
+ *       the BlueFlame register and the CQ ring, and the client writes WQEs,
+ *       rings and polls CQEs itself (no ibv_post_send / ibv_poll_cq).
  *
  * Ground truth on stdout: one "DB qpn=0x.. pi=.. nwqe=.. first_idx=.." line per
  * doorbell; "RESULT OK ..." or "RESULT FAIL ..." at the end (exit 0 / 1;
@@ -33,7 +39,7 @@
 #define BUF_BYTES (1 << 20)
 #define CHUNK 1024
 
-static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose;
+static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose, g_verbs;
 
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
 #define CHECK(c, ...) do { if (!(c)) DIE(2, __VA_ARGS__); } while (0)
@@ -59,6 +65,10 @@ struct ep {
 	struct mlx5dv_devx_umem *wq_umem, *qp_dbr_umem;
 	struct mlx5dv_devx_uar *uar;
 	struct mlx5dv_devx_obj *qp_obj;
+	/* --verbs-qp: the same rings, from mlx5dv_init_obj */
+	struct ibv_cq *vcq;
+	struct ibv_qp *vqp;
+	void *bf_reg;
 	uint32_t qpn, nwqebb;
 	uint32_t pi;             /* producer index (WQEBBs) */
 	uint32_t done_idx;       /* WQEBB index up to which completions are known */
@@ -66,6 +76,8 @@ struct ep {
 };
 
 struct peer_info { uint32_t lid, qpn, rkey; uint64_t addr; };
+
+static void verbs_qp_setup(struct ep *e, struct ibv_context *ctx);
 
 static void ep_setup(struct ep *e, struct ibv_context *ctx)
 {
@@ -92,6 +104,10 @@ static void ep_setup(struct ep *e, struct ibv_context *ctx)
 						     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
 	CHECK(e->mr, "reg_mr");
 
+	if (g_verbs) {
+		verbs_qp_setup(e, ctx);
+		return;
+	}
 	/* send CQ (§5.1 step 5) */
 	e->ncqe = (uint32_t)g_depth;
 	CHECK(!posix_memalign((void **)&e->cq_buf, 4096, e->ncqe * 64), "memalign cq");
@@ -130,6 +146,70 @@ static void ep_setup(struct ep *e, struct ibv_context *ctx)
 	       e->uar->page_id, g_cc);
 }
 
+/* UCX rc_mlx5 style: verbs objects, then their rings through mlx5dv_init_obj */
+static void verbs_qp_setup(struct ep *e, struct ibv_context *ctx)
+{
+	e->vcq = ibv_create_cq(ctx, g_depth, NULL, NULL, 0);
+	CHECK(e->vcq, "create send cq");
+	struct ibv_qp_init_attr qa = {
+		.send_cq = e->vcq, .recv_cq = e->rcq, .srq = e->srq, .qp_type = IBV_QPT_RC, .sq_sig_all = 0,
+		.cap = { .max_send_wr = (uint32_t)g_depth / 2, .max_recv_wr = 0, .max_send_sge = 6, .max_recv_sge = 1,
+			 .max_inline_data = 16 },
+	};
+	e->vqp = ibv_create_qp(e->pd, &qa);
+	CHECK(e->vqp, "create_qp");
+	struct mlx5dv_qp dq = { 0 };
+	struct mlx5dv_cq dc = { 0 };
+	struct mlx5dv_obj o = { .qp = { .in = e->vqp, .out = &dq }, .cq = { .in = e->vcq, .out = &dc } };
+	CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ), "init_obj QP+CQ");
+	/* asked again (libraries do): the same rings and the same register */
+	struct mlx5dv_qp dq2 = { 0 };
+	struct mlx5dv_obj o2 = { .qp = { .in = e->vqp, .out = &dq2 } };
+	CHECK(!mlx5dv_init_obj(&o2, MLX5DV_OBJ_QP), "init_obj QP again");
+	CHECK(dq2.bf.reg == dq.bf.reg && dq2.sq.buf == dq.sq.buf && dq2.dbrec == dq.dbrec,
+	      "init_obj QP gave another register the second time");
+	CHECK(dq.sq.stride == 64 && dq.sq.wqe_cnt >= 16 && !(dq.sq.wqe_cnt & (dq.sq.wqe_cnt - 1)), "SQ geometry");
+	e->wq = dq.sq.buf;
+	e->nwqebb = dq.sq.wqe_cnt;
+	e->qp_dbr = (uint8_t *)dq.dbrec; /* [0] receive, [1] send (MLX5_SND_DBR) */
+	e->bf_reg = dq.bf.reg;
+	e->qpn = e->vqp->qp_num;
+	e->cq_buf = dc.buf;
+	e->cq_dbr = (uint8_t *)dc.dbrec;
+	e->ncqe = dc.cqe_cnt;
+	e->cqn = dc.cqn;
+	printf("SETUP lid=%u qpn=0x%x cqn=0x%x sq_wqebb=%u verbs=1 bf_reg_offset=0x%lx\n", e->lid, e->qpn, e->cqn,
+	       e->nwqebb, (unsigned long)((uintptr_t)e->bf_reg & 4095));
+}
+
+static void verbs_connect(struct ep *e, const struct peer_info *p)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+						    IBV_ACCESS_REMOTE_ATOMIC };
+	CHECK(!ibv_modify_qp(e->vqp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), "INIT");
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = p->qpn;
+	a.rq_psn = 0;
+	a.max_dest_rd_atomic = 4;
+	a.min_rnr_timer = 12;
+	a.ah_attr.dlid = (uint16_t)p->lid;
+	a.ah_attr.port_num = 1;
+	CHECK(!ibv_modify_qp(e->vqp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+						 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), "RTR");
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.sq_psn = 0;
+	a.max_rd_atomic = 4;
+	CHECK(!ibv_modify_qp(e->vqp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+						 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
+}
+
 static int modify(struct ep *e, uint16_t op, const struct peer_info *p)
 {
 	uint8_t out[IBGDA_PRM_OUT_SIZE];
@@ -141,6 +221,10 @@ static int modify(struct ep *e, uint16_t op, const struct peer_info *p)
 
 static void connect_ep(struct ep *e, const struct peer_info *p)
 {
+	if (g_verbs) {
+		verbs_connect(e, p);
+		return;
+	}
 	CHECK(!modify(e, ST_MLX5_CMD_OP_RST2INIT_QP, p), "RST2INIT");
 	CHECK(!modify(e, ST_MLX5_CMD_OP_INIT2RTR_QP, p), "INIT2RTR");
 	CHECK(!modify(e, ST_MLX5_CMD_OP_RTR2RTS_QP, p), "RTR2RTS");
@@ -233,7 +317,8 @@ static void ring(struct ep *e, uint32_t first_idx, uint32_t nwqe, uint16_t last_
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	__atomic_store_n((uint32_t *)(e->qp_dbr + 4), ibgda_dbr_value(e->pi), __ATOMIC_RELEASE);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	__atomic_store_n((uint64_t *)e->uar->reg_addr, ibgda_db_value(e->pi, e->qpn), __ATOMIC_RELEASE);
+	__atomic_store_n((uint64_t *)(g_verbs ? e->bf_reg : e->uar->reg_addr), ibgda_db_value(e->pi, e->qpn),
+			 __ATOMIC_RELEASE);
 	printf("DB qpn=0x%x pi=%u nwqe=%u first_idx=%u\n", e->qpn, e->pi & 0xffff, nwqe, first_idx & 0xffff);
 	e->ndb++;
 	struct pending *p = &g_pend[g_pend_t++ % 4096];
@@ -470,7 +555,8 @@ int main(int argc, char **argv)
 	static struct option opts[] = {
 		{ "pair", no_argument, 0, 'P' }, { "rank", required_argument, 0, 'r' }, { "dir", required_argument, 0, 'd' },
 		{ "cc", no_argument, 0, 'c' }, { "depth", required_argument, 0, 'D' }, { "ops", required_argument, 0, 'n' },
-		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' }, { 0, 0, 0, 0 },
+		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' },
+		{ "verbs-qp", no_argument, 0, 'V' }, { 0, 0, 0, 0 },
 	};
 	int ch;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -483,6 +569,7 @@ int main(int argc, char **argv)
 		case 'n': g_ops = atoi(optarg); break;
 		case 'b': g_batch = atoi(optarg); break;
 		case 'v': g_verbose = 1; break;
+		case 'V': g_verbs = 1; break;
 		default: fprintf(stderr, "usage: see source\n"); return 2;
 		}
 	}
@@ -491,6 +578,8 @@ int main(int argc, char **argv)
 		DIE(2, "bad --depth/--batch");
 	if (!pair && (rank < 0 || rank > 1 || !dir))
 		DIE(2, "need --pair or --rank 0|1 --dir DIR");
+	if (g_verbs && g_cc)
+		DIE(2, "--cc is a DevX CQ option (not with --verbs-qp)");
 
 	int ndev = 0;
 	struct ibv_device **list = ibv_get_device_list(&ndev);
@@ -513,6 +602,12 @@ int main(int argc, char **argv)
 		printf("CONNECT qpn=0x%x <-> qpn=0x%x\n", a.qpn, b.qpn);
 		fails += run_initiator(&a, &pb, 77);
 		fails += verify_target(&b);
+		if (g_verbs) { /* the register goes away with the context: closing must not hang or fault */
+			CHECK(!ibv_destroy_qp(a.vqp) && !ibv_destroy_qp(b.vqp), "destroy_qp");
+			CHECK(!ibv_destroy_cq(a.vcq) && !ibv_destroy_cq(b.vcq), "destroy_cq");
+			CHECK(!ibv_close_device(ctx), "close_device");
+			printf("TEARDOWN OK\n");
+		}
 	} else {
 		struct ep e;
 		ep_setup(&e, ctx);

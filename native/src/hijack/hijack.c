@@ -379,6 +379,7 @@ struct page {
 	 * watches both. */
 	int cpuproxy;
 	uintptr_t cpu_reg;         /* the real reg_addr */
+	void *ctx;                 /* the ibv_context it belongs to (verbs QPs: released at close) */
 	uint8_t *gproxy;
 	int gwatch;                /* poller scans gproxy (atomic) */
 	uint64_t glast[MAX_WATCH];
@@ -861,7 +862,8 @@ static void poller_install(struct page *pg)
 static int scan_words(struct page *pg, const uint8_t *base, uint64_t *last)
 {
 	int n = 0;
-	for (int k = 0; k < pg->noffs; k++) {
+	int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE); /* grows when a verbs QP shares the page */
+	for (int k = 0; k < noffs; k++) {
 		uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
 		if (v != last[k]) {
 			last[k] = v;
@@ -924,7 +926,8 @@ static void forward_only(struct page *pg)
 			uint64_t *last = src ? pg->glast : pg->last;
 			if (!base || (src && !__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE)))
 				continue;
-			for (int k = 0; k < pg->noffs; k++) {
+			int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE);
+			for (int k = 0; k < noffs; k++) {
 				uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
 				if (v != last[k]) {
 					last[k] = v;
@@ -1444,6 +1447,31 @@ uint64_t st_hijack_cpu_proxy_of_real(uint64_t host)
 	return i < 0 ? host : (uint64_t)(__atomic_load_n(&cpumap[i].proxy, __ATOMIC_ACQUIRE) + (host - pg));
 }
 
+/* Watch register offset off of a CPU-proxy page, and the other half of its
+ * BlueFlame pair: writers that alternate (rdma-core, UCX) ring reg and
+ * reg ^ 0x100.  Under lock; the poller picks new offsets up at its next scan
+ * (noffs is published last).  0 if the watch list is full. */
+static int watch_offset(struct page *pg, uint16_t off)
+{
+	uint16_t want[2] = {off, (uint16_t)(off ^ 0x100)};
+	int nwant = ((off ^ 0x100) >= 0x800 && (off ^ 0x100) < 0xc00) ? 2 : 1;
+	int n = pg->noffs;
+	for (int w = 0; w < nwant; w++) {
+		int have = 0;
+		for (int k = 0; k < n; k++)
+			have |= pg->offs[k] == want[w];
+		if (have)
+			continue;
+		if (n == MAX_WATCH)
+			return w > 0; /* the register itself is watched; only its pair is not */
+		pg->offs[n] = want[w];
+		pg->last[n] = 0;
+		n++;
+	}
+	__atomic_store_n(&pg->noffs, n, __ATOMIC_RELEASE);
+	return 1;
+}
+
 ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
 {
 	(void)base_addr;
@@ -1464,7 +1492,16 @@ ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page
 	int slot = -1, fail = 0;
 	for (int i = 0; i < MAX_PAGES; i++) {
 		if (pages[i].live && pages[i].page == pgaddr) {
-			fail = 1; /* the page is watched already (another UAR in the same page) */
+			if (pages[i].cpuproxy && pages[i].ctx == ctx) {
+				/* another register in a page we proxy already (verbs QPs
+				 * share a context's UAR pages): watch its offset too */
+				void *out = watch_offset(&pages[i], off) ? pages[i].proxy + off : NULL;
+				pthread_mutex_unlock(&lock);
+				if (!out)
+					goto failed_unlocked;
+				return out;
+			}
+			fail = 1; /* the page is watched already, by the GPU path */
 			break;
 		}
 		if (!pg && !pages[i].live && !pages[i].proxy)
@@ -1487,12 +1524,9 @@ ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page
 	pg->cpu_reg = reg;
 	pg->page = pgaddr;
 	pg->page_id = page_id;
+	pg->ctx = ctx;
 	pg->gpu = -1;
-	pg->offs[pg->noffs++] = off;
-	/* the other half of a BlueFlame register pair: writers that alternate
-	 * (rdma-core, UCX) ring reg and reg ^ 0x100 */
-	if ((off ^ 0x100) >= 0x800 && (off ^ 0x100) < 0xc00)
-		pg->offs[pg->noffs++] = (uint16_t)(off ^ 0x100);
+	watch_offset(pg, off);
 	/* A core from SIGMATRACE_POLLER_CPUS only once the page is rung (see
 	 * poller_main): unused UARs (a CQ's, an idle peer's) must not take the
 	 * cores meant for the doorbells that are. */
@@ -1518,10 +1552,33 @@ ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page
 	pthread_mutex_unlock(&lock);
 	return out;
 failed:
+	pthread_mutex_unlock(&lock);
+failed_unlocked:
+	pthread_mutex_lock(&lock);
 	cpu_proxy_failed++;
 	pthread_mutex_unlock(&lock);
-	st_warn("hijack: DevX UAR page %u left unproxied; its CPU doorbells are not traced", page_id);
+	st_warn("hijack: UAR page %#x left unproxied; its CPU doorbells are not traced", page_id);
 	return NULL;
+}
+
+/* ibv_close_device: the context's UAR pages go away with it; stop the pollers
+ * of the proxies handed out for its verbs QPs first (a last forward each). */
+ST_EXPORT void st_hijack_cpu_release_ctx(void *ctx)
+{
+	if (!ctx || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
+		return;
+	pthread_mutex_lock(&lock);
+	for (int k = 0; k < MAX_PAGES; k++) {
+		struct page *pg = &pages[k];
+		if (!pg->live || !pg->cpuproxy || pg->ctx != ctx)
+			continue;
+		uintptr_t proxy = (uintptr_t)pg->proxy;
+		stop_page(pg); /* last values forwarded, poller joined, proxy unmapped */
+		int i = cpumap_find(proxy, 1);
+		if (i >= 0)
+			__atomic_store_n(&cpumap[i].proxy, 0, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&lock);
 }
 
 ST_EXPORT void *st_hijack_cpu_uar_release(void *app_reg)

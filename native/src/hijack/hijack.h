@@ -31,6 +31,10 @@ void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void 
  * return the real reg_addr to put back; NULL if app_reg is not a proxy. */
 void *st_hijack_cpu_uar_release(void *app_reg);
 
+/* ibv_close_device: stop the CPU-doorbell proxies of this context's pages
+ * (verbs QPs' BlueFlame registers, see the mlx5 provider's mlx5dv_init_obj). */
+void st_hijack_cpu_release_ctx(void *ctx);
+
 /* A umem was registered (mlx5dv_devx_umem_reg); gpu != 0 if addr is device memory. */
 void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu);
 void st_hijack_forget_umem(uint32_t umem_id);

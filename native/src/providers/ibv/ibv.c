@@ -37,6 +37,8 @@ static pthread_mutex_t ibv_lock = PTHREAD_MUTEX_INITIALIZER;
 /* ---- real functions ------------------------------------------------------ */
 static struct ibv_device **(*real_get_device_list)(int *);
 static struct ibv_context *(*real_open_device)(struct ibv_device *);
+/* the doorbell hijack (hijack/hijack.h), when linked in */
+void st_hijack_cpu_release_ctx(void *ctx) __attribute__((weak)) ST_HIDDEN;
 static int (*real_close_device)(struct ibv_context *);
 static struct ibv_pd *(*real_alloc_pd)(struct ibv_context *);
 static int (*real_dealloc_pd)(struct ibv_pd *);
@@ -341,6 +343,8 @@ ST_EXPORT int ibv_close_device(struct ibv_context *ctx)
 		return real_close_device(ctx);
 	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
 	uint32_t id = c ? c->id : st_obj_id(ctx, NULL);
+	if (st_hijack_cpu_release_ctx) /* its verbs QPs' proxied BlueFlame registers */
+		st_hijack_cpu_release_ctx(ctx);
 	st_rdma_enter();
 	int ret = real_close_device(ctx);
 	st_rdma_leave();

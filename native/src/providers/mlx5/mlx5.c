@@ -37,6 +37,12 @@ void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void 
 	__attribute__((weak)) ST_HIDDEN;
 void *st_hijack_cpu_uar_release(void *app_reg) __attribute__((weak)) ST_HIDDEN;
 
+/* a verbs QP's SQ and doorbell record are host memory the hijack reads like a
+ * umem: synthetic umem ids, out of the kernel's range (they count from 1) */
+#define ST_VERBS_SQ_UMEM(qpn) (0xC0000000u | ((qpn) & 0x00FFFFFFu))
+#define ST_VERBS_DBR_UMEM(qpn) (0xD0000000u | ((qpn) & 0x00FFFFFFu))
+#define ST_VERBS_UAR_PAGE 0xFFFFFFFFu /* page_id of a proxied verbs UAR: unknown */
+
 /* ---- real functions ------------------------------------------------------ */
 static struct ibv_context *(*real_mlx5dv_open_device)(struct ibv_device *, struct mlx5dv_context_attr *);
 static struct ibv_qp *(*real_mlx5dv_create_qp)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
@@ -232,6 +238,29 @@ ST_EXPORT struct ibv_qp *mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp
 	return qp;
 }
 
+/* F24d for verbs QPs: a CPU WQE writer (UCX rc_mlx5) rings dv->bf.reg itself.
+ * Hand it a register in a proxy page of ours instead (same offset; QPs of one
+ * context that share a UAR page share the proxy), watched by the hijack's
+ * poller, which forwards each value to the real register, records it and
+ * recovers the WQEs from the SQ (host memory, registered like a umem).  The
+ * proxy address, or NULL when the hijack is absent/off or the QP unusual. */
+static void *verbs_qp_doorbells(const struct ibv_qp *qp, struct mlx5dv_qp *dv)
+{
+	if (!st_hijack_cpu_uar || !st_hijack_note_umem || !st_hijack_note_qp || !dv->bf.reg || !dv->sq.buf ||
+	    dv->sq.stride != 64 || !dv->sq.wqe_cnt || (dv->sq.wqe_cnt & (dv->sq.wqe_cnt - 1)) || !dv->dbrec)
+		return NULL;
+	uint32_t qpn = qp->qp_num, log_sq = (uint32_t)__builtin_ctz(dv->sq.wqe_cnt);
+	st_hijack_note_umem(ST_VERBS_SQ_UMEM(qpn), dv->sq.buf, (uint64_t)dv->sq.wqe_cnt * 64, 0);
+	st_hijack_note_umem(ST_VERBS_DBR_UMEM(qpn), (void *)dv->dbrec, 8, 0);
+	st_hijack_note_qp(qpn, ST_VERBS_UAR_PAGE, ST_VERBS_SQ_UMEM(qpn), 0, log_sq, ST_VERBS_DBR_UMEM(qpn), 0);
+	void *reg = dv->bf.reg;
+	void *proxy = st_hijack_cpu_uar(reg, (void *)((uintptr_t)reg & ~(uintptr_t)4095), ST_VERBS_UAR_PAGE,
+					qp->context, 0);
+	if (proxy)
+		dv->bf.reg = proxy;
+	return proxy;
+}
+
 /* MLX5_DV_INIT_QP: where a verbs QP's send queue, doorbell record and
  * BlueFlame register are — what a CPU WQE writer (UCX rc_mlx5) uses from then
  * on instead of ibv_post_send (F24d). */
@@ -264,6 +293,9 @@ ST_EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
 	st_json_hex(&j, "bf_reg", (uintptr_t)dq->bf.reg);
 	st_json_uint(&j, "bf_size", dq->bf.size);
 	st_json_hex(&j, "comp_mask", dq->comp_mask);
+	void *proxy = verbs_qp_doorbells(qp, obj->qp.out);
+	if (proxy)
+		st_json_hex(&j, "bf_proxy", (uintptr_t)proxy);
 	st_json_close(&j, '}');
 	st_ev(ST_EV_MLX5_DV_INIT_QP, 0, qp->qp_num, j.overflow ? 0 : st_side_json(buf, j.len));
 	errno = saved;
