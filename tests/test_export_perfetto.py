@@ -20,6 +20,15 @@ def corr(tmp_path_factory):
     return correlate(cap, workers=1)
 
 
+@pytest.fixture(scope="module")
+def ar_corr():
+    """The model's full-mode AllReduce: host calls, work requests, completions, all three flow kinds."""
+    cap = FIX / "allreduce_full.bin"
+    if not cap.exists():
+        pytest.skip("model fixture allreduce_full.bin not present (fixtures/make_fixtures.py)")
+    return correlate(cap, workers=1)
+
+
 def test_perfetto_structure(corr, tmp_path):
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
     path = tmp_path / "t.pftrace"
@@ -90,15 +99,12 @@ def test_parquet_tables_roundtrip(corr, tmp_path):
     assert sum(ops["bytes"]) == int(corr.tables["ops"]["bytes"].sum())
 
 
-def test_truncated_trace_is_one_time_window(tmp_path):
+def test_truncated_trace_is_one_time_window(ar_corr, tmp_path):
     """With a budget smaller than the capture, the trace is the run's first events across every process and
     every kind (host calls, operations with their flows), cut at one time — not the first category's or the
     first processes' events."""
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
-    cap = FIX / "allreduce_full.bin"
-    if not cap.exists():
-        pytest.skip("model fixture allreduce_full.bin not present")
-    corr = correlate(cap, workers=1)
+    corr = ar_corr
     budget = 2000
     stats = write_perfetto(corr, tmp_path / "t.pftrace", max_events=budget)
     assert stats["truncated"] and stats["slices"] > 0 and stats["flows"] > 0
@@ -117,14 +123,11 @@ def test_truncated_trace_is_one_time_window(tmp_path):
     assert len(flows_out) == int(((ops["ns"] <= cut) & (ops["dst_qp_id"] >= 0)).sum())
 
 
-def test_streaming_scan_equals_one_pass(tmp_path, monkeypatch):
+def test_streaming_scan_equals_one_pass(ar_corr, tmp_path, monkeypatch):
     """The ops are scanned in ranges (counters, window candidates) and, with many QPs, the top QPs' series in a
     second pass: tiny ranges and the second pass give the same trace as one range."""
     from sigmatrace.export import perfetto as PF
-    cap = FIX / "allreduce_full.bin"
-    if not cap.exists():
-        pytest.skip("model fixture allreduce_full.bin not present")
-    corr = correlate(cap, workers=1)
+    corr = ar_corr
     a = PF.write_perfetto(corr, tmp_path / "a.pftrace", max_events=1500)
     monkeypatch.setattr(PF, "_SCAN_ROWS", 7)
     monkeypatch.setattr(PF, "_QP_SERIES_MAX", 0)
@@ -147,19 +150,16 @@ def test_host_events_tied_at_the_cut_are_kept():
     assert total == n and sorted(cols["ns"].tolist()) == [0, 1, 1, 1]      # 2 earliest + the ties at ns 1
 
 
-def test_chunked_emission_independent_of_workers(tmp_path, monkeypatch):
+def test_chunked_emission_independent_of_workers(ar_corr, tmp_path, monkeypatch):
     """Drawn events are emitted in chunks (own packet sequence each) by forked workers: the file is the same
     for 1 and 3 workers, and the events are those of one sequence."""
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
     from sigmatrace.export import perfetto as PF
-    cap = FIX / "allreduce_full.bin"
-    if not cap.exists():
-        pytest.skip("model fixture allreduce_full.bin not present")
-    corr = correlate(cap, workers=1)
+    corr = ar_corr
     ref = PF.write_perfetto(corr, tmp_path / "ref.pftrace", max_events=1500)
     monkeypatch.setattr(PF, "_CHUNK", 97)
     one = PF.write_perfetto(corr, tmp_path / "one.pftrace", max_events=1500)
-    corr.workers = 3
+    monkeypatch.setattr(corr, "workers", 3)
     three = PF.write_perfetto(corr, tmp_path / "three.pftrace", max_events=1500)
     assert ref == one == three
     assert (tmp_path / "one.pftrace").read_bytes() == (tmp_path / "three.pftrace").read_bytes()

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rc_qp.h"
+
 static int fails;
 #define EXPECT(c, ...) do { if (!(c)) { fails++; printf("FAIL %s:%d: ", __func__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 #define DIE(...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); exit(2); } while (0)
@@ -75,36 +77,10 @@ static void rm_side(struct side *s)
 	free(s->buf_ro);
 }
 
-static int to_init(struct ibv_qp *qp)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC };
-	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-}
-
-static int to_rtr_rts(struct ibv_qp *qp, uint32_t dqpn, uint16_t dlid)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = dqpn, .rq_psn = 0,
-				 .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
-				 .ah_attr = { .dlid = dlid, .port_num = 1 } };
-	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-	if (r)
-		return r;
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 1;
-	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					     IBV_QP_MAX_QP_RD_ATOMIC);
-}
-
 static void connect_pair(struct side *a, struct side *b)
 {
-	if (to_init(a->qp) || to_init(b->qp) || to_rtr_rts(a->qp, b->qp->qp_num, my_lid) ||
-	    to_rtr_rts(b->qp, a->qp->qp_num, my_lid))
+	if (rc_to_init(a->qp) || rc_to_init(b->qp) || rc_to_rtr_rts(a->qp, b->qp->qp_num, my_lid, 1) ||
+	    rc_to_rtr_rts(b->qp, a->qp->qp_num, my_lid, 1))
 		DIE("connect failed");
 }
 
@@ -252,14 +228,14 @@ static void local_errors(void)
 	mk_side(&b);
 	struct ibv_wc wc;
 	/* posting before RTS / invalid transition */
-	EXPECT(to_init(a.qp) == 0, "to_init");
+	EXPECT(rc_to_init(a.qp) == 0, "to_init");
 	EXPECT(post(&a, IBV_WR_RDMA_WRITE, 1, a.buf, 8, a.mr->lkey, 0, 0, 0, 0, 0) == EINVAL, "post in INIT must be EINVAL");
 	struct ibv_qp_attr at = { .qp_state = IBV_QPS_RTS };
 	EXPECT(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == EINVAL, "RESET->RTS must be EINVAL");
 	struct ibv_qp_attr rtr = { .qp_state = IBV_QPS_RTR };
 	EXPECT(ibv_modify_qp(a.qp, &rtr, IBV_QP_STATE) == EINVAL, "INIT->RTR without attrs must be EINVAL");
-	EXPECT(to_init(b.qp) == 0, "to_init b");
-	EXPECT(!to_rtr_rts(a.qp, b.qp->qp_num, my_lid) && !to_rtr_rts(b.qp, a.qp->qp_num, my_lid), "connect");
+	EXPECT(rc_to_init(b.qp) == 0, "to_init b");
+	EXPECT(!rc_to_rtr_rts(a.qp, b.qp->qp_num, my_lid, 1) && !rc_to_rtr_rts(b.qp, a.qp->qp_num, my_lid, 1), "connect");
 	/* bad lkey -> local protection error */
 	EXPECT(!post(&a, IBV_WR_RDMA_WRITE, 2, a.buf, 64, a.mr->lkey ^ 0x3300, (uint64_t)(uintptr_t)b.buf, b.mr->rkey, 0, 0, 0),
 	       "post");
@@ -341,12 +317,12 @@ static int peer_mode(const char *dir, int survivor)
 	unsigned long long addr;
 	if (sscanf(txt, "%u %u %u %llu", &lid, &qpn, &rkey, &addr) != 4)
 		DIE("bad info");
-	if (to_init(s.qp))
+	if (rc_to_init(s.qp))
 		DIE("to_init");
 	for (int i = 0; i < 8; i++)
 		if (post_recv(&s, RECV_ID + i, s.buf + 32768 + 1024 * i, 1024))
 			DIE("post_recv");
-	if (to_rtr_rts(s.qp, qpn, (uint16_t)lid))
+	if (rc_to_rtr_rts(s.qp, qpn, (uint16_t)lid, 1))
 		DIE("connect");
 	put_file(dir, survivor ? "survivor.ready" : "victim.ready", "1\n");
 	get_file(dir, survivor ? "victim.ready" : "survivor.ready", txt, sizeof txt);

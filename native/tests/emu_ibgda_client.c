@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "ibgda_common.h"
+#include "rc_qp.h"
 
 #define TIMEOUT_S 10.0
 #define BUF_BYTES (1 << 20)
@@ -184,30 +185,8 @@ static void verbs_qp_setup(struct ep *e, struct ibv_context *ctx)
 
 static void verbs_connect(struct ep *e, const struct peer_info *p)
 {
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-						    IBV_ACCESS_REMOTE_ATOMIC };
-	CHECK(!ibv_modify_qp(e->vqp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), "INIT");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = p->qpn;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 12;
-	a.ah_attr.dlid = (uint16_t)p->lid;
-	a.ah_attr.port_num = 1;
-	CHECK(!ibv_modify_qp(e->vqp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-						 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER), "RTR");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 4;
-	CHECK(!ibv_modify_qp(e->vqp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-						 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
+	CHECK(!rc_to_init(e->vqp), "INIT");
+	CHECK(!rc_to_rtr_rts(e->vqp, p->qpn, (uint16_t)p->lid, 4), "RTR/RTS");
 }
 
 static int modify(struct ep *e, uint16_t op, const struct peer_info *p)
