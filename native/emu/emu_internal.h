@@ -132,6 +132,7 @@ struct emu_uar {    /* a UAR page the NIC watches */
 	uint32_t page_id;
 	uint64_t last[4];     /* last value seen at 0x800 + i*0x100 */
 	int devx;
+	int refs;             /* verbs QPs sharing it (SIGMATRACE_EMU_BFREG), else 1 */
 	void *devx_obj;       /* struct mlx5dv_devx_uar handed out */
 };
 
@@ -186,6 +187,7 @@ struct emu_qp {
 	struct ibv_qp_ex qpx;      /* qp_base first */
 	struct emu_nic *nic;
 	uint32_t qpn;
+	uint32_t bf_off;           /* its doorbell register in the UAR page (0x800, 0xa00 when shared) */
 	int devx;
 	volatile int state;        /* enum ibv_qp_state */
 	int qp_access;
@@ -246,6 +248,12 @@ struct emu_nic {
 	volatile int running;
 	int refcnt;
 	int busy_poll;   /* SIGMATRACE_EMU_NIC_SPIN: never sleep when idle */
+	/* SIGMATRACE_EMU_BFREG: verbs QPs share UAR pages like rdma-core's bfregs:
+	 * "page" two QPs per page (registers 0x800 and 0xa00), "word" every QP on
+	 * one register; default one page per QP */
+	int bfreg_share;
+	struct emu_uar *shared_uar;
+	int shared_n;
 	/* identity */
 	char dev_name[64];
 	uint64_t guid;

@@ -105,7 +105,7 @@ EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
 		o->rq.buf = qp->rq_buf;
 		o->rq.wqe_cnt = qp->rq_wqe_cnt;
 		o->rq.stride = qp->rq_stride;
-		o->bf.reg = qp->uar + ST_MLX5_BF_OFFSET;
+		o->bf.reg = qp->uar + qp->bf_off;
 		o->bf.size = 0; /* no BlueFlame: 8-byte doorbells only */
 		if (want & MLX5DV_QP_MASK_UAR_MMAP_OFFSET) {
 			o->comp_mask |= MLX5DV_QP_MASK_UAR_MMAP_OFFSET;
@@ -371,6 +371,7 @@ static struct emu_devx_obj *create_qp(struct ibv_context *ctx, struct emu_nic *n
 	qp->state = IBV_QPS_RESET;
 	uint32_t page = (uint32_t)st_devx_get(in, ST_PRM_QPC_UAR_PAGE);
 	pthread_mutex_lock(&nic->lock);
+	qp->bf_off = ST_MLX5_BF_OFFSET;
 	for (struct emu_uar *u = nic->uars; u; u = u->next)
 		if (u->page_id == page)
 			qp->uar = u->page;

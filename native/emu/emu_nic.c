@@ -83,6 +83,8 @@ static void nic_config(struct emu_nic *nic)
 	/* Busy-poll instead of sleeping when idle: for latency baselines on machines
 	 * with a core to spare (a sleeping NIC thread would set the baseline). */
 	nic->busy_poll = (e = getenv("SIGMATRACE_EMU_NIC_SPIN")) && *e && *e != '0';
+	e = getenv("SIGMATRACE_EMU_BFREG");
+	nic->bfreg_share = !e ? 0 : !strcmp(e, "page") ? 1 : !strcmp(e, "word") ? 2 : 0;
 	e = getenv("SIGMATRACE_EMU_DEV_NAME");
 	snprintf(nic->dev_name, sizeof nic->dev_name, "%s", e && *e ? e : "mlx5_0");
 	e = getenv("SIGMATRACE_EMU_FABRIC");
@@ -481,6 +483,7 @@ EXPORT struct emu_uar *emu_uar_alloc(struct emu_nic *nic, int devx)
 	memset(u->page, 0, ST_MLX5_ADAPTER_PAGE_SIZE);
 	u->page_id = ++nic->next_uar_id;
 	u->devx = devx;
+	u->refs = 1;
 	u->next = nic->uars;
 	nic->uars = u;
 	if (devx)

@@ -684,7 +684,7 @@ static void qp_ring_doorbell(struct emu_qp *qp, struct st_mlx5_wqe_ctrl_seg *las
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	uint64_t v;
 	memcpy(&v, last, 8);
-	__atomic_store_n((uint64_t *)(qp->uar + ST_MLX5_BF_OFFSET), v, __ATOMIC_RELEASE);
+	__atomic_store_n((uint64_t *)(qp->uar + qp->bf_off), v, __ATOMIC_RELEASE);
 	emu_nic_kick(qp->nic);
 }
 
@@ -1155,7 +1155,23 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 	qp->sq_sig_all = ia->sq_sig_all;
 	qp->state = IBV_QPS_RESET;
 	pthread_mutex_lock(&nic->lock);
-	qp->uarobj = emu_uar_alloc(nic, 0);
+	qp->bf_off = ST_MLX5_BF_OFFSET;
+	if (nic->bfreg_share) {
+		/* a page shared like rdma-core's bfregs: polled (devx), with doorbell
+		 * record recovery when two QPs' doorbells meet in one sample */
+		if (!nic->shared_uar || (nic->bfreg_share == 1 && nic->shared_n == 2)) {
+			nic->shared_uar = emu_uar_alloc(nic, 1);
+			nic->shared_n = 0;
+		} else {
+			nic->shared_uar->refs++;
+		}
+		qp->uarobj = nic->shared_uar;
+		if (nic->bfreg_share == 1)
+			qp->bf_off += 0x200 * (uint32_t)nic->shared_n;
+		nic->shared_n++;
+	} else {
+		qp->uarobj = emu_uar_alloc(nic, 0);
+	}
 	int r = qp->uarobj ? emu_qp_register(nic, qp) : -1;
 	pthread_mutex_unlock(&nic->lock);
 	if (r) {
@@ -1230,8 +1246,11 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	struct emu_nic *nic = qp->nic;
 	pthread_mutex_lock(&nic->lock);
 	emu_qp_unregister(nic, qp);
-	if (qp->uarobj)
+	if (qp->uarobj && --qp->uarobj->refs == 0) {
+		if (nic->shared_uar == qp->uarobj)
+			nic->shared_uar = NULL;
 		emu_uar_free(nic, qp->uarobj);
+	}
 	pthread_mutex_unlock(&nic->lock);
 	if (qp->own_bufs)
 		free(qp->qp_buf);

@@ -147,6 +147,17 @@ static void ep_setup(struct ep *e, struct ibv_context *ctx)
 	       e->uar->page_id, g_cc);
 }
 
+/* mlx5dv_init_obj on the QP once more: it must give the same rings and the same
+ * register (also after doorbells were rung through it) */
+static void verbs_reinit(struct ep *e)
+{
+	struct mlx5dv_qp dq = { 0 };
+	struct mlx5dv_obj o = { .qp = { .in = e->vqp, .out = &dq } };
+	CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_QP), "init_obj QP again");
+	CHECK(dq.bf.reg == e->bf_reg && (uint8_t *)dq.sq.buf == e->wq && (uint8_t *)dq.dbrec == e->qp_dbr,
+	      "init_obj QP gave other rings or another register");
+}
+
 /* UCX rc_mlx5 style: verbs objects, then their rings through mlx5dv_init_obj */
 static void verbs_qp_setup(struct ep *e, struct ibv_context *ctx)
 {
@@ -163,12 +174,6 @@ static void verbs_qp_setup(struct ep *e, struct ibv_context *ctx)
 	struct mlx5dv_cq dc = { 0 };
 	struct mlx5dv_obj o = { .qp = { .in = e->vqp, .out = &dq }, .cq = { .in = e->vcq, .out = &dc } };
 	CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ), "init_obj QP+CQ");
-	/* asked again (libraries do): the same rings and the same register */
-	struct mlx5dv_qp dq2 = { 0 };
-	struct mlx5dv_obj o2 = { .qp = { .in = e->vqp, .out = &dq2 } };
-	CHECK(!mlx5dv_init_obj(&o2, MLX5DV_OBJ_QP), "init_obj QP again");
-	CHECK(dq2.bf.reg == dq.bf.reg && dq2.sq.buf == dq.sq.buf && dq2.dbrec == dq.dbrec,
-	      "init_obj QP gave another register the second time");
 	CHECK(dq.sq.stride == 64 && dq.sq.wqe_cnt >= 16 && !(dq.sq.wqe_cnt & (dq.sq.wqe_cnt - 1)), "SQ geometry");
 	e->wq = dq.sq.buf;
 	e->nwqebb = dq.sq.wqe_cnt;
@@ -179,6 +184,7 @@ static void verbs_qp_setup(struct ep *e, struct ibv_context *ctx)
 	e->cq_dbr = (uint8_t *)dc.dbrec;
 	e->ncqe = dc.cqe_cnt;
 	e->cqn = dc.cqn;
+	verbs_reinit(e); /* asked again (libraries do) */
 	printf("SETUP lid=%u qpn=0x%x cqn=0x%x sq_wqebb=%u verbs=1 bf_reg_offset=0x%lx\n", e->lid, e->qpn, e->cqn,
 	       e->nwqebb, (unsigned long)((uintptr_t)e->bf_reg & 4095));
 }
@@ -404,6 +410,8 @@ static int run_initiator(struct ep *e, const struct peer_info *p, uint32_t targe
 		ring(e, first, n, (uint16_t)last);
 	}
 	drain(e);
+	if (g_verbs) /* and once more between phases, after doorbells went through the register */
+		verbs_reinit(e);
 	/* 2. RDMA READ of the peer's pattern, 4 KiB per WQE, 4 per doorbell */
 	for (uint32_t i = 0; i < 16;) {
 		uint32_t first = e->pi, n = 0, last = 0;

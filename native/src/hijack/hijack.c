@@ -274,6 +274,14 @@ ST_EXPORT void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_um
 		return;
 	pthread_mutex_lock(&lock);
 	struct qp_rec *q = qp_slot(qpn, 1);
+	if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE) && q->uar_page == uar_page && q->wq_umem == wq_umem_id &&
+	    q->sq_offset == sq_offset && q->log_sq == log_sq_size && q->dbr_umem == dbr_umem_id &&
+	    q->dbr_offset == dbr_offset) {
+		/* told again about the same live QP (mlx5dv_init_obj called twice):
+		 * its pollers keep their producer index */
+		pthread_mutex_unlock(&lock);
+		return;
+	}
 	if (q) {
 		q->live = 0;
 		__atomic_thread_fence(__ATOMIC_RELEASE);
@@ -286,6 +294,21 @@ ST_EXPORT void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_um
 		q->gen = ++qp_gen;
 		__atomic_store_n(&q->qpn, qpn, __ATOMIC_RELEASE);
 		__atomic_store_n(&q->live, 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&lock);
+}
+
+/* ibv_destroy_qp: forget QP qpn and its SQ/doorbell-record umems, if they are
+ * the ones registered for it as a verbs QP (a DevX QP's record is left alone). */
+ST_EXPORT void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id)
+{
+	pthread_mutex_lock(&lock);
+	struct qp_rec *q = qp_slot(qpn, 0);
+	if (q && q->wq_umem == sq_umem_id) {
+		__atomic_store_n(&q->live, 0, __ATOMIC_RELEASE);
+		for (int i = 0; i < MAX_UMEMS; i++)
+			if (umems[i].live && (umems[i].id == sq_umem_id || umems[i].id == dbr_umem_id))
+				umems[i].live = 0;
 	}
 	pthread_mutex_unlock(&lock);
 }
@@ -380,6 +403,8 @@ struct page {
 	int cpuproxy;
 	uintptr_t cpu_reg;         /* the real reg_addr */
 	void *ctx;                 /* the ibv_context it belongs to (verbs QPs: released at close) */
+	int verbs;                 /* proxies verbs QPs' BlueFlame registers (shared by QPs of ctx) */
+	uint32_t owner[MAX_WATCH]; /* verbs: the QPN that rings each watched word (0: DevX UAR) */
 	uint8_t *gproxy;
 	int gwatch;                /* poller scans gproxy (atomic) */
 	uint64_t glast[MAX_WATCH];
@@ -1171,7 +1196,7 @@ void st_hijack_shutdown(void)
 			stop_page(&pages[i]);
 	}
 	if (cpu_proxy_failed)
-		st_warn("hijack: %llu DevX UAR(s) left unproxied (CPU doorbells not traced there)",
+		st_warn("hijack: %llu UAR register(s) left unproxied (CPU doorbells not traced there)",
 			(unsigned long long)cpu_proxy_failed);
 	pthread_mutex_unlock(&lock);
 }
@@ -1448,85 +1473,82 @@ uint64_t st_hijack_cpu_proxy_of_real(uint64_t host)
 }
 
 /* Watch register offset off of a CPU-proxy page, and the other half of its
- * BlueFlame pair: writers that alternate (rdma-core, UCX) ring reg and
- * reg ^ 0x100.  Under lock; the poller picks new offsets up at its next scan
- * (noffs is published last).  0 if the watch list is full. */
-static int watch_offset(struct page *pg, uint16_t off)
+ * BlueFlame pair (writers that alternate -- rdma-core, UCX -- ring reg and
+ * reg ^ 0x100), both rung by owner (a verbs QPN, 0 for a DevX UAR).  Under
+ * lock; the poller picks new offsets up at its next scan (noffs is published
+ * last).  0 if the watch list cannot take the register itself. */
+static int watch_offset(struct page *pg, uint16_t off, uint32_t owner)
 {
 	uint16_t want[2] = {off, (uint16_t)(off ^ 0x100)};
 	int nwant = ((off ^ 0x100) >= 0x800 && (off ^ 0x100) < 0xc00) ? 2 : 1;
-	int n = pg->noffs;
+	int n = pg->noffs, ok = 1;
 	for (int w = 0; w < nwant; w++) {
 		int have = 0;
 		for (int k = 0; k < n; k++)
 			have |= pg->offs[k] == want[w];
 		if (have)
 			continue;
-		if (n == MAX_WATCH)
-			return w > 0; /* the register itself is watched; only its pair is not */
+		if (n == MAX_WATCH) {
+			ok = w > 0; /* the register itself is watched; only its twin is not */
+			break;
+		}
 		pg->offs[n] = want[w];
+		pg->owner[n] = owner;
 		pg->last[n] = 0;
 		n++;
 	}
 	__atomic_store_n(&pg->noffs, n, __ATOMIC_RELEASE);
-	return 1;
+	return ok;
 }
 
-ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
+/* The QPN that rings watched word off of pg, -1 if the word is not watched. */
+static long word_owner(const struct page *pg, uint16_t off)
 {
-	(void)base_addr;
-	(void)ctx;
-	(void)flags; /* every type: a BlueFlame write arrives as its first 8 bytes, see docs/hijack.md */
+	for (int k = 0; k < pg->noffs; k++)
+		if (pg->offs[k] == off)
+			return pg->owner[k];
+	return -1;
+}
+
+/* Gate shared by the CPU-doorbell entry points. */
+static int cpu_doorbells_on(void)
+{
 	cfg_load();
 	/* The GPU side needs the CUDA wrappers (they translate the proxy address);
 	 * without them an IOMEMORY registration of the proxy would fail. */
-	if (!cfg.cpu_doorbells || cfg.mode == HJ_OFF || !st_provider_on(ST_PROV_CUDA) || !reg_addr)
-		return NULL;
-	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
-	uint16_t off = (uint16_t)(reg & (PAGE_SZ - 1));
-	if (reg & 7)
-		return NULL;
-	pthread_once(&fork_once, fork_register);
-	pthread_mutex_lock(&lock);
+	return cfg.cpu_doorbells && cfg.mode != HJ_OFF && st_provider_on(ST_PROV_CUDA);
+}
+
+/* A new CPU-proxy page for real page pgaddr with register off watched and its
+ * poller started; the register's proxy address, NULL on failure (lock held). */
+static void *cpu_page_new(uintptr_t pgaddr, uint16_t off, uint32_t page_id, void *ctx, int verbs, uint32_t owner)
+{
 	struct page *pg = NULL;
-	int slot = -1, fail = 0;
-	for (int i = 0; i < MAX_PAGES; i++) {
-		if (pages[i].live && pages[i].page == pgaddr) {
-			if (pages[i].cpuproxy && pages[i].ctx == ctx) {
-				/* another register in a page we proxy already (verbs QPs
-				 * share a context's UAR pages): watch its offset too */
-				void *out = watch_offset(&pages[i], off) ? pages[i].proxy + off : NULL;
-				pthread_mutex_unlock(&lock);
-				if (!out)
-					goto failed_unlocked;
-				return out;
-			}
-			fail = 1; /* the page is watched already, by the GPU path */
-			break;
-		}
-		if (!pg && !pages[i].live && !pages[i].proxy)
+	int slot = -1;
+	for (int i = 0; i < MAX_PAGES && !pg; i++)
+		if (!pages[i].live && !pages[i].proxy)
 			pg = &pages[i];
-	}
 	for (int i = 0; i < MAX_PAGES && slot < 0; i++)
 		if (!cpumap[i].proxy)
 			slot = i;
-	if (fail || !pg || slot < 0)
-		goto failed;
+	if (!pg || slot < 0)
+		return NULL;
 	memset(pg, 0, sizeof *pg);
 	pg->proxy = mmap(NULL, PAGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (pg->proxy == MAP_FAILED) {
 		pg->proxy = NULL;
-		goto failed;
+		return NULL;
 	}
 	/* like the real UAR mapping (VM_DONTCOPY), and the GPU path's proxy */
 	madvise(pg->proxy, PAGE_SZ, MADV_DONTFORK);
 	pg->cpuproxy = 1;
-	pg->cpu_reg = reg;
+	pg->cpu_reg = pgaddr + off;
 	pg->page = pgaddr;
 	pg->page_id = page_id;
 	pg->ctx = ctx;
+	pg->verbs = verbs;
 	pg->gpu = -1;
-	watch_offset(pg, off);
+	watch_offset(pg, off, owner);
 	/* A core from SIGMATRACE_POLLER_CPUS only once the page is rung (see
 	 * poller_main): unused UARs (a CQ's, an idle peer's) must not take the
 	 * cores meant for the doorbells that are. */
@@ -1541,24 +1563,76 @@ ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page
 		munmap(pg->proxy, PAGE_SZ);
 		pg->proxy = NULL;
 		pg->cpuproxy = 0;
-		goto failed;
+		return NULL;
 	}
 	pg->thr_started = 1;
 	cpumap[slot].real = pgaddr;
 	__atomic_store_n(&cpumap[slot].proxy, (uintptr_t)pg->proxy, __ATOMIC_RELEASE);
 	if (slot + 1 > cpumap_n)
 		__atomic_store_n(&cpumap_n, slot + 1, __ATOMIC_RELEASE);
-	void *out = pg->proxy + off;
-	pthread_mutex_unlock(&lock);
-	return out;
-failed:
-	pthread_mutex_unlock(&lock);
-failed_unlocked:
+	return pg->proxy + off;
+}
+
+static void *cpu_proxy_failed_for(const char *what, uint32_t id)
+{
 	pthread_mutex_lock(&lock);
 	cpu_proxy_failed++;
 	pthread_mutex_unlock(&lock);
-	st_warn("hijack: UAR page %#x left unproxied; its CPU doorbells are not traced", page_id);
+	st_warn("hijack: %s %#x left unproxied; its CPU doorbells are not traced", what, id);
 	return NULL;
+}
+
+ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
+{
+	(void)base_addr;
+	(void)flags; /* every type: a BlueFlame write arrives as its first 8 bytes, see docs/hijack.md */
+	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
+	if (!cpu_doorbells_on() || !reg_addr || (reg & 7))
+		return NULL;
+	pthread_once(&fork_once, fork_register);
+	pthread_mutex_lock(&lock);
+	void *out = NULL;
+	int watched = 0;
+	for (int i = 0; i < MAX_PAGES && !watched; i++)
+		watched = pages[i].live && pages[i].page == pgaddr;
+	/* a page watched already (another DevX UAR in it, verbs QPs, the GPU
+	 * path): this UAR stays real -- its free must not stop the others' poller */
+	if (!watched)
+		out = cpu_page_new(pgaddr, (uint16_t)(reg & (PAGE_SZ - 1)), page_id, ctx, 0, 0);
+	pthread_mutex_unlock(&lock);
+	return out ? out : cpu_proxy_failed_for("DevX UAR page", page_id);
+}
+
+/* F24d on verbs QPs (mlx5dv_init_obj): the proxy for QP qpn's BlueFlame
+ * register, or NULL (the QP keeps the real one).  QPs of one context whose
+ * registers share a UAR page share its proxy and poller (released at
+ * ibv_close_device), but never a register word: a polled word that two QPs
+ * ring could lose one QP's doorbell (the later value hides the earlier), so
+ * a second QP on a word another QP owns keeps the real register. */
+ST_EXPORT void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
+{
+	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
+	uint16_t off = (uint16_t)(reg & (PAGE_SZ - 1));
+	if (!cpu_doorbells_on() || !reg_addr || (reg & 7) || !ctx || !qpn)
+		return NULL;
+	pthread_once(&fork_once, fork_register);
+	pthread_mutex_lock(&lock);
+	void *out = NULL;
+	struct page *pg = NULL;
+	for (int i = 0; i < MAX_PAGES && !pg; i++)
+		if (pages[i].live && pages[i].page == pgaddr)
+			pg = &pages[i];
+	if (!pg) {
+		out = cpu_page_new(pgaddr, off, ST_HIJACK_VERBS_UAR_PAGE, ctx, 1, qpn);
+	} else if (pg->cpuproxy && pg->verbs && pg->ctx == ctx) {
+		long who = word_owner(pg, off);
+		if (who == (long)qpn) /* the same QP asks again */
+			out = pg->proxy + off;
+		else if (who < 0 && word_owner(pg, (uint16_t)(off ^ 0x100)) < 0 && watch_offset(pg, off, qpn))
+			out = pg->proxy + off;
+	}
+	pthread_mutex_unlock(&lock);
+	return out ? out : cpu_proxy_failed_for("verbs QP", qpn);
 }
 
 /* ibv_close_device: the context's UAR pages go away with it; stop the pollers
@@ -1570,11 +1644,10 @@ ST_EXPORT void st_hijack_cpu_release_ctx(void *ctx)
 	pthread_mutex_lock(&lock);
 	for (int k = 0; k < MAX_PAGES; k++) {
 		struct page *pg = &pages[k];
-		if (!pg->live || !pg->cpuproxy || pg->ctx != ctx)
+		if (!pg->live || !pg->cpuproxy || !pg->verbs || pg->ctx != ctx)
 			continue;
-		uintptr_t proxy = (uintptr_t)pg->proxy;
+		int i = cpumap_find((uintptr_t)pg->proxy, 1); /* before the proxy is unmapped (and reusable) */
 		stop_page(pg); /* last values forwarded, poller joined, proxy unmapped */
-		int i = cpumap_find(proxy, 1);
 		if (i >= 0)
 			__atomic_store_n(&cpumap[i].proxy, 0, __ATOMIC_RELEASE);
 	}

@@ -31,9 +31,19 @@ void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void 
  * return the real reg_addr to put back; NULL if app_reg is not a proxy. */
 void *st_hijack_cpu_uar_release(void *app_reg);
 
-/* ibv_close_device: stop the CPU-doorbell proxies of this context's pages
- * (verbs QPs' BlueFlame registers, see the mlx5 provider's mlx5dv_init_obj). */
+/* F24d on verbs QPs (mlx5dv_init_obj, UCX rc_mlx5 style): the address to hand
+ * the application as QP qpn's BlueFlame register (bf.reg) instead of the real
+ * one, in a proxy page shared by the context's QPs whose registers share the
+ * real page, or NULL (the QP keeps the real register: switch off, table full,
+ * the page watched by the DevX/GPU path, or the word rung by another QP).
+ * The caller registers the QP's SQ only when it gets a proxy. */
+#define ST_HIJACK_VERBS_UAR_PAGE 0xFFFFFFFFu /* page_id recorded for such pages */
+void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn);
+/* ibv_close_device: stop the pollers of this context's verbs-QP proxy pages
+ * (the real UAR pages go away with the context). */
 void st_hijack_cpu_release_ctx(void *ctx);
+/* ibv_destroy_qp: forget the QP and its SQ/DBR umems registered as a verbs QP. */
+void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id);
 
 /* A umem was registered (mlx5dv_devx_umem_reg); gpu != 0 if addr is device memory. */
 void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu);

@@ -37,8 +37,9 @@ static pthread_mutex_t ibv_lock = PTHREAD_MUTEX_INITIALIZER;
 /* ---- real functions ------------------------------------------------------ */
 static struct ibv_device **(*real_get_device_list)(int *);
 static struct ibv_context *(*real_open_device)(struct ibv_device *);
-/* the doorbell hijack (hijack/hijack.h), when linked in */
+/* the doorbell hijack (hijack/hijack.h) and the mlx5 provider, when linked in */
 void st_hijack_cpu_release_ctx(void *ctx) __attribute__((weak)) ST_HIDDEN;
+void st_mlx5_verbs_qp_destroyed(uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
 static int (*real_close_device)(struct ibv_context *);
 static struct ibv_pd *(*real_alloc_pd)(struct ibv_context *);
 static int (*real_dealloc_pd)(struct ibv_pd *);
@@ -339,12 +340,14 @@ ST_EXPORT int ibv_close_device(struct ibv_context *ctx)
 {
 	if (!ST_REAL(real_close_device, "ibv_close_device"))
 		return ENOSYS;
+	/* always, traced or not: the pollers of its verbs QPs' proxied BlueFlame
+	 * registers must stop before the real UAR pages go */
+	if (st_hijack_cpu_release_ctx)
+		st_hijack_cpu_release_ctx(ctx);
 	if (!st_rdma_should(ST_PROV_IBV))
 		return real_close_device(ctx);
 	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
 	uint32_t id = c ? c->id : st_obj_id(ctx, NULL);
-	if (st_hijack_cpu_release_ctx) /* its verbs QPs' proxied BlueFlame registers */
-		st_hijack_cpu_release_ctx(ctx);
 	st_rdma_enter();
 	int ret = real_close_device(ctx);
 	st_rdma_leave();
@@ -720,6 +723,8 @@ ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 		return real_destroy_qp(qp);
 	uint32_t qpn = qp->qp_num;
 	const struct ibv_context *ctx = qp->context;
+	if (st_mlx5_verbs_qp_destroyed) /* its SQ goes away: no recovery from it any more */
+		st_mlx5_verbs_qp_destroyed(qpn);
 	st_rdma_enter();
 	int ret = real_destroy_qp(qp);
 	st_rdma_leave();

@@ -36,12 +36,13 @@ void st_hijack_forget_qp(uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
 void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
 	__attribute__((weak)) ST_HIDDEN;
 void *st_hijack_cpu_uar_release(void *app_reg) __attribute__((weak)) ST_HIDDEN;
+void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
+void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id) __attribute__((weak)) ST_HIDDEN;
 
 /* a verbs QP's SQ and doorbell record are host memory the hijack reads like a
  * umem: synthetic umem ids, out of the kernel's range (they count from 1) */
 #define ST_VERBS_SQ_UMEM(qpn) (0xC0000000u | ((qpn) & 0x00FFFFFFu))
 #define ST_VERBS_DBR_UMEM(qpn) (0xD0000000u | ((qpn) & 0x00FFFFFFu))
-#define ST_VERBS_UAR_PAGE 0xFFFFFFFFu /* page_id of a proxied verbs UAR: unknown */
 
 /* ---- real functions ------------------------------------------------------ */
 static struct ibv_context *(*real_mlx5dv_open_device)(struct ibv_device *, struct mlx5dv_context_attr *);
@@ -239,26 +240,35 @@ ST_EXPORT struct ibv_qp *mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp
 }
 
 /* F24d for verbs QPs: a CPU WQE writer (UCX rc_mlx5) rings dv->bf.reg itself.
- * Hand it a register in a proxy page of ours instead (same offset; QPs of one
- * context that share a UAR page share the proxy), watched by the hijack's
- * poller, which forwards each value to the real register, records it and
- * recovers the WQEs from the SQ (host memory, registered like a umem).  The
- * proxy address, or NULL when the hijack is absent/off or the QP unusual. */
+ * Hand it a register in a proxy page of ours instead (same offset), watched by
+ * the hijack's poller, which forwards each value to the real register, records
+ * it and recovers the WQEs from the SQ (host memory, registered like a umem,
+ * only once the proxy is handed out -- the application cannot ring it before
+ * init_obj returns).  The proxy address, or NULL: hijack absent or off, an
+ * unusual SQ, an SQ in GPU memory (recovery would need the copy stream), or a
+ * register word another QP rings (hijack.h). */
 static void *verbs_qp_doorbells(const struct ibv_qp *qp, struct mlx5dv_qp *dv)
 {
-	if (!st_hijack_cpu_uar || !st_hijack_note_umem || !st_hijack_note_qp || !dv->bf.reg || !dv->sq.buf ||
-	    dv->sq.stride != 64 || !dv->sq.wqe_cnt || (dv->sq.wqe_cnt & (dv->sq.wqe_cnt - 1)) || !dv->dbrec)
+	if (!st_hijack_cpu_verbs_reg || !st_hijack_note_umem || !st_hijack_note_qp || !dv->bf.reg || !dv->sq.buf ||
+	    dv->sq.stride != 64 || !dv->sq.wqe_cnt || (dv->sq.wqe_cnt & (dv->sq.wqe_cnt - 1)) || !dv->dbrec ||
+	    addr_on_gpu(dv->sq.buf))
+		return NULL;
+	void *proxy = st_hijack_cpu_verbs_reg(dv->bf.reg, qp->context, qp->qp_num);
+	if (!proxy)
 		return NULL;
 	uint32_t qpn = qp->qp_num, log_sq = (uint32_t)__builtin_ctz(dv->sq.wqe_cnt);
 	st_hijack_note_umem(ST_VERBS_SQ_UMEM(qpn), dv->sq.buf, (uint64_t)dv->sq.wqe_cnt * 64, 0);
 	st_hijack_note_umem(ST_VERBS_DBR_UMEM(qpn), (void *)dv->dbrec, 8, 0);
-	st_hijack_note_qp(qpn, ST_VERBS_UAR_PAGE, ST_VERBS_SQ_UMEM(qpn), 0, log_sq, ST_VERBS_DBR_UMEM(qpn), 0);
-	void *reg = dv->bf.reg;
-	void *proxy = st_hijack_cpu_uar(reg, (void *)((uintptr_t)reg & ~(uintptr_t)4095), ST_VERBS_UAR_PAGE,
-					qp->context, 0);
-	if (proxy)
-		dv->bf.reg = proxy;
+	st_hijack_note_qp(qpn, 0, ST_VERBS_SQ_UMEM(qpn), 0, log_sq, ST_VERBS_DBR_UMEM(qpn), 0);
+	dv->bf.reg = proxy;
 	return proxy;
+}
+
+/* ibv_destroy_qp (ibv provider): the hijack forgets a verbs QP's SQ. */
+void st_mlx5_verbs_qp_destroyed(uint32_t qpn)
+{
+	if (st_hijack_forget_verbs_qp)
+		st_hijack_forget_verbs_qp(qpn, ST_VERBS_SQ_UMEM(qpn), ST_VERBS_DBR_UMEM(qpn));
 }
 
 /* MLX5_DV_INIT_QP: where a verbs QP's send queue, doorbell record and
