@@ -591,6 +591,16 @@ int main(int argc, char **argv)
 		fails += verify_target(&b);
 		if (g_verbs) { /* the register goes away with the context: closing must not hang or fault */
 			CHECK(!ibv_destroy_qp(a.vqp) && !ibv_destroy_qp(b.vqp), "destroy_qp");
+			/* a QP made after those are gone (it may get their register) */
+			struct ibv_qp_init_attr qa = { .send_cq = a.vcq, .recv_cq = a.rcq, .srq = a.srq, .qp_type = IBV_QPT_RC,
+						       .cap = { .max_send_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 } };
+			struct ibv_qp *c = ibv_create_qp(a.pd, &qa);
+			CHECK(c, "create_qp after destroy");
+			struct mlx5dv_qp dq = { 0 };
+			struct mlx5dv_obj o = { .qp = { .in = c, .out = &dq } };
+			CHECK(!mlx5dv_init_obj(&o, MLX5DV_OBJ_QP), "init_obj QP after destroy");
+			printf("LATE qpn=0x%x bf_reg_offset=0x%lx\n", c->qp_num, (unsigned long)((uintptr_t)dq.bf.reg & 4095));
+			CHECK(!ibv_destroy_qp(c), "destroy late qp");
 			CHECK(!ibv_destroy_cq(a.vcq) && !ibv_destroy_cq(b.vcq), "destroy_cq");
 			CHECK(!ibv_close_device(ctx), "close_device");
 			printf("TEARDOWN OK\n");

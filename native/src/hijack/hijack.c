@@ -298,21 +298,6 @@ ST_EXPORT void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_um
 	pthread_mutex_unlock(&lock);
 }
 
-/* ibv_destroy_qp: forget QP qpn and its SQ/doorbell-record umems, if they are
- * the ones registered for it as a verbs QP (a DevX QP's record is left alone). */
-ST_EXPORT void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id)
-{
-	pthread_mutex_lock(&lock);
-	struct qp_rec *q = qp_slot(qpn, 0);
-	if (q && q->wq_umem == sq_umem_id) {
-		__atomic_store_n(&q->live, 0, __ATOMIC_RELEASE);
-		for (int i = 0; i < MAX_UMEMS; i++)
-			if (umems[i].live && (umems[i].id == sq_umem_id || umems[i].id == dbr_umem_id))
-				umems[i].live = 0;
-	}
-	pthread_mutex_unlock(&lock);
-}
-
 ST_EXPORT void st_hijack_forget_qp(uint32_t qpn)
 {
 	pthread_mutex_lock(&lock);
@@ -362,6 +347,7 @@ struct pend { /* one doorbell's copied range, waiting for its batch */
 };
 
 #define MAX_QPS_PER_PAGE 256
+#define OWNER_FREE 0xFFFFFFFFu /* a verbs word whose QP was destroyed: the next QP may take it */
 #define MAX_PEND 4096
 #define MAX_BATCH 64
 
@@ -404,7 +390,8 @@ struct page {
 	uintptr_t cpu_reg;         /* the real reg_addr */
 	void *ctx;                 /* the ibv_context it belongs to (verbs QPs: released at close) */
 	int verbs;                 /* proxies verbs QPs' BlueFlame registers (shared by QPs of ctx) */
-	uint32_t owner[MAX_WATCH]; /* verbs: the QPN that rings each watched word (0: DevX UAR) */
+	uint32_t owner[MAX_WATCH]; /* verbs: the QPN that rings each watched word (0: DevX UAR, OWNER_FREE) */
+	uint32_t sync_seq, sync_ack; /* a full scan + drain requested / done (atomic; QP forgotten) */
 	uint8_t *gproxy;
 	int gwatch;                /* poller scans gproxy (atomic) */
 	uint64_t glast[MAX_WATCH];
@@ -431,6 +418,8 @@ static int cpumap_n; /* entries ever used (high-water mark) */
 
 static void poller_sync(struct page *pg);
 static void poller_install(struct page *pg);
+static int watch_offset(struct page *pg, uint16_t off, uint32_t owner);
+static long word_owner(const struct page *pg, uint16_t off);
 
 static const struct st_cudrv *drv(void)
 {
@@ -451,6 +440,8 @@ static struct qpstate *page_qp(struct page *pg, uint32_t qpn)
 				s->log_sq = q->log_sq;
 				s->have_sq = qp_sq(q, &s->sq, &s->gpu) == 0;
 				pthread_mutex_unlock(&lock);
+			} else if (s->have_sq && (!q || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE))) {
+				s->have_sq = 0; /* forgotten (QP destroyed): its SQ may be freed */
 			} else if (!s->have_sq && q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE)) {
 				pthread_mutex_lock(&lock);
 				s->gen = q->gen;
@@ -996,6 +987,17 @@ static void *poller(void *arg)
 	unsigned spins = 0;
 	int quiesce = 0;
 	for (;;) {
+		uint32_t sync = __atomic_load_n(&pg->sync_seq, __ATOMIC_ACQUIRE);
+		if (sync != __atomic_load_n(&pg->sync_ack, __ATOMIC_RELAXED)) {
+			/* a QP of this page is being forgotten: take what was rung, finish
+			 * every copy, then nothing reads its SQ any more */
+			scan(pg);
+			close_batch(pg);
+			drain(pg, 1);
+			__atomic_store_n(&pg->sync_ack, sync, __ATOMIC_RELEASE);
+			idle_since = 0;
+			sleep_us = 1;
+		}
 		if (scan(pg)) {
 			idle_since = 0;
 			sleep_us = 1;
@@ -1213,8 +1215,11 @@ ST_EXPORT void st_hijack_forget_uar(void *reg_addr)
 	for (int i = 0; i < MAX_UARS; i++)
 		if (uars[i].live && uars[i].reg == (uintptr_t)reg_addr)
 			uars[i].live = 0;
+	/* a GPU-path page of this UAR stops here; a CPU-proxy page in the same real
+	 * page belongs to another UAR or to verbs QPs and stops at their release
+	 * (st_hijack_cpu_uar_release, st_hijack_cpu_release_ctx) */
 	for (int i = 0; i < MAX_PAGES; i++)
-		if (pages[i].live && pages[i].page == pgaddr)
+		if (pages[i].live && pages[i].page == pgaddr && !pages[i].cpuproxy)
 			stop_page(&pages[i]);
 	pthread_mutex_unlock(&lock);
 }
@@ -1354,7 +1359,12 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 			freep = &pages[i];
 	}
 	if (pg && pg->cpuproxy) {
-		/* a CPU-doorbell page: the GPU gets a proxy of its own, same poller */
+		/* a CPU-doorbell page: the GPU gets a proxy of its own, same poller,
+		 * which also watches the page's other noted registers (a DevX UAR the
+		 * CPU side left real may be the one the GPU rings) */
+		for (int k = 0; k < noffs; k++)
+			if (word_owner(pg, offs[k]) < 0)
+				watch_offset(pg, offs[k], 0);
 		if (gpu_attach(pg, d) != 0) {
 			pthread_mutex_unlock(&lock);
 			st_warn("hijack: cannot register a GPU proxy page; doorbell at %p not traced from the GPU", p);
@@ -1485,7 +1495,10 @@ static int watch_offset(struct page *pg, uint16_t off, uint32_t owner)
 	for (int w = 0; w < nwant; w++) {
 		int have = 0;
 		for (int k = 0; k < n; k++)
-			have |= pg->offs[k] == want[w];
+			if (pg->offs[k] == want[w]) {
+				pg->owner[k] = owner; /* a freed verbs word taken over */
+				have = 1;
+			}
 		if (have)
 			continue;
 		if (n == MAX_WATCH) {
@@ -1625,10 +1638,10 @@ ST_EXPORT void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
 	if (!pg) {
 		out = cpu_page_new(pgaddr, off, ST_HIJACK_VERBS_UAR_PAGE, ctx, 1, qpn);
 	} else if (pg->cpuproxy && pg->verbs && pg->ctx == ctx) {
-		long who = word_owner(pg, off);
+		long who = word_owner(pg, off), twin = word_owner(pg, (uint16_t)(off ^ 0x100));
 		if (who == (long)qpn) /* the same QP asks again */
 			out = pg->proxy + off;
-		else if (who < 0 && word_owner(pg, (uint16_t)(off ^ 0x100)) < 0 && watch_offset(pg, off, qpn))
+		else if ((who < 0 || who == OWNER_FREE) && (twin < 0 || twin == OWNER_FREE) && watch_offset(pg, off, qpn))
 			out = pg->proxy + off;
 	}
 	pthread_mutex_unlock(&lock);
@@ -1674,4 +1687,47 @@ ST_EXPORT void *st_hijack_cpu_uar_release(void *app_reg)
 	__atomic_store_n(&cpumap[i].proxy, 0, __ATOMIC_RELEASE); /* real stays: a racing reader never sees 0 */
 	pthread_mutex_unlock(&lock);
 	return (void *)(real + (a - ppg));
+}
+
+/* ibv_destroy_qp: forget QP qpn and its SQ/doorbell-record umems, if they are
+ * the ones registered for it as a verbs QP (a DevX QP's record is left alone). */
+ST_EXPORT void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id)
+{
+	pthread_mutex_lock(&lock);
+	struct qp_rec *q = qp_slot(qpn, 0);
+	if (!q || q->wq_umem != sq_umem_id || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE)) {
+		pthread_mutex_unlock(&lock);
+		return;
+	}
+	__atomic_store_n(&q->live, 0, __ATOMIC_RELEASE);
+	for (int i = 0; i < MAX_UMEMS; i++)
+		if (umems[i].live && (umems[i].id == sq_umem_id || umems[i].id == dbr_umem_id))
+			umems[i].live = 0;
+	/* its words become free for the QP that gets its bfreg next, and its
+	 * page's poller finishes with it before the SQ is freed (the caller
+	 * destroys the QP after this returns) */
+	for (int k = 0; k < MAX_PAGES; k++) {
+		struct page *pg = &pages[k];
+		if (!pg->live || !pg->verbs || !pg->thr_started)
+			continue;
+		int mine = 0;
+		for (int w = 0; w < pg->noffs; w++)
+			if (pg->owner[w] == qpn) {
+				pg->owner[w] = OWNER_FREE;
+				mine = 1;
+			}
+		if (!mine || __atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE))
+			continue;
+		uint32_t want = __atomic_add_fetch(&pg->sync_seq, 1, __ATOMIC_ACQ_REL);
+		pthread_mutex_unlock(&lock);
+		/* bounded: a poller sleeps at most ~1 ms between scans */
+		for (int t = 0; t < 20000 && (int32_t)(__atomic_load_n(&pg->sync_ack, __ATOMIC_ACQUIRE) - want) < 0 &&
+				!__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE);
+		     t++) {
+			struct timespec ts = {0, 20000};
+			nanosleep(&ts, NULL);
+		}
+		pthread_mutex_lock(&lock);
+	}
+	pthread_mutex_unlock(&lock);
 }

@@ -719,12 +719,14 @@ ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 {
 	if (!ST_REAL(real_destroy_qp, "ibv_destroy_qp"))
 		return ENOSYS;
+	/* always, traced or not (the proxy was handed out by the mlx5 provider):
+	 * its SQ goes away, so the hijack forgets it first */
+	if (qp && st_mlx5_verbs_qp_destroyed)
+		st_mlx5_verbs_qp_destroyed(qp->qp_num);
 	if (!st_rdma_should(ST_PROV_IBV) || !qp)
 		return real_destroy_qp(qp);
 	uint32_t qpn = qp->qp_num;
 	const struct ibv_context *ctx = qp->context;
-	if (st_mlx5_verbs_qp_destroyed) /* its SQ goes away: no recovery from it any more */
-		st_mlx5_verbs_qp_destroyed(qpn);
 	st_rdma_enter();
 	int ret = real_destroy_qp(qp);
 	st_rdma_leave();
