@@ -1425,7 +1425,10 @@ static void *nic_main(void *arg)
 		/* sleep until kicked; poll (devx UARs have no kick) with back-off */
 		uint32_t seq = __atomic_load_n(&nic->inbox->wake_seq, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&nic->inbox->sleeping, 1, __ATOMIC_SEQ_CST);
-		if (!work_pending(nic)) {
+		pthread_mutex_lock(&nic->lock); /* the UAR list changes as QPs and UARs come and go */
+		int pending = work_pending(nic);
+		pthread_mutex_unlock(&nic->lock);
+		if (!pending) {
 			uint64_t us;
 			if (backlog)
 				us = 200;

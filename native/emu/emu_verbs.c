@@ -1173,6 +1173,11 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 		qp->uarobj = emu_uar_alloc(nic, 0);
 	}
 	int r = qp->uarobj ? emu_qp_register(nic, qp) : -1;
+	if (r && qp->uarobj && --qp->uarobj->refs == 0) { /* not registered: its share of the page goes */
+		if (nic->shared_uar == qp->uarobj)
+			nic->shared_uar = NULL;
+		emu_uar_free(nic, qp->uarobj);
+	}
 	pthread_mutex_unlock(&nic->lock);
 	if (r) {
 		free(qp->qp_buf); free(qp->sq_wrid); free(qp->sq_next); free(qp->rq_wrid); free(qp->inflight); free(qp);
