@@ -441,7 +441,7 @@ def _kernel_batch(k, bp, n, buf, ch, tc, procs, plist, out):
 
 
 def _meta_chunk(proc, kind, payload, count, thread, offset, out):
-    """A non-EVENTS chunk (the numpy path's per-chunk branches)."""
+    """A non-EVENTS chunk: header, side records, calibration, aggregates, thread info, end (both paths)."""
     path = out.path
     if kind == L.CHUNK_PROCESS:
         h = _json(payload, path, offset, out.warnings)
@@ -450,6 +450,8 @@ def _meta_chunk(proc, kind, payload, count, thread, offset, out):
             if v != L.VERSION:
                 out.warnings.append(f"{path}: process {proc.uid:#x} header says format version {v}; "
                                     f"read as version {L.VERSION}")
+            # the last PROCESS chunk of a process is its header (docs/format.md: the tracer rewrites it
+            # when NICs / GPUs become known)
             proc.header = h
     elif kind == L.CHUNK_SIDE:
         _sides(proc, payload, count)
@@ -492,28 +494,8 @@ def _decode_file_numpy(path, start=0, stop=None, batch_records=DEFAULT_BATCH_REC
                 if batch.n >= batch_records:
                     batch.flush(plist)
                     drop_pages(buf, ch.offset)
-            elif k == L.CHUNK_PROCESS:
-                h = _json(ch.payload, path, ch.offset, out.warnings)
-                if h is not None:
-                    v = h.get("format_version", L.VERSION)
-                    if v != L.VERSION:
-                        out.warnings.append(f"{path}: process {ch.process_uid:#x} header says format version {v}; "
-                                            f"read as version {L.VERSION}")
-                    # the last PROCESS chunk of a process is its header (docs/format.md: the tracer rewrites
-                    # it when NICs / GPUs become known)
-                    proc.header = h
-            elif k == L.CHUNK_SIDE:
-                _sides(proc, ch.payload, ch.count)
-            elif k == L.CHUNK_CALIBRATION:
-                proc._calib.append(np.frombuffer(ch.payload, L.CALIBRATION_DTYPE, ch.count).copy())
-            elif k == L.CHUNK_AGGREGATE:
-                proc._aggs.append((np.frombuffer(ch.payload, L.AGGREGATE_DTYPE, ch.count).copy(), ch.thread_index))
-            elif k == L.CHUNK_THREAD:
-                t = _json(ch.payload, path, ch.offset, out.warnings)
-                if t is not None:
-                    proc.threads[ch.thread_index] = t
-            elif k == L.CHUNK_END:
-                proc.end = _json(ch.payload, path, ch.offset, out.warnings)
+            else:
+                _meta_chunk(proc, k, ch.payload, ch.count, ch.thread_index, ch.offset, out)
         batch.flush(plist)
     except TraceFormatError as e:  # unreadable file
         out.error = str(e)
