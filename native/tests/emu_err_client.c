@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "file_exchange.h"
 #include "rc_qp.h"
 
 static int fails;
@@ -273,35 +274,14 @@ static void local_errors(void)
 /* ---- peer death ------------------------------------------------------------- */
 static void put_file(const char *dir, const char *name, const char *text)
 {
-	char tmp[512], fin[512];
-	snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
-	snprintf(fin, sizeof fin, "%s/%s", dir, name);
-	FILE *f = fopen(tmp, "w");
-	if (!f)
-		DIE("fopen");
-	fputs(text, f);
-	fclose(f);
-	if (rename(tmp, fin))
-		DIE("rename");
+	if (xchg_put(dir, name, text))
+		DIE("cannot write %s/%s", dir, name);
 }
 
 static void get_file(const char *dir, const char *name, char *buf, size_t n)
 {
-	char fin[512];
-	snprintf(fin, sizeof fin, "%s/%s", dir, name);
-	double t0 = now_s();
-	for (;;) {
-		FILE *f = fopen(fin, "r");
-		if (f) {
-			size_t r = fread(buf, 1, n - 1, f);
-			buf[r] = 0;
-			fclose(f);
-			return;
-		}
-		if (now_s() - t0 > 10)
-			DIE("timeout waiting for %s", fin);
-		usleep(2000);
-	}
+	if (xchg_get(dir, name, buf, n, 10))
+		DIE("timeout waiting for %s/%s", dir, name);
 }
 
 #define RECV_ID (1ull << 40)

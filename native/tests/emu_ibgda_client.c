@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "ibgda_common.h"
+#include "file_exchange.h"
 #include "rc_qp.h"
 
 #define TIMEOUT_S 10.0
@@ -506,33 +507,13 @@ static int verify_target(struct ep *e)
 /* ---- file exchange --------------------------------------------------------- */
 static void put_file(const char *dir, const char *name, const char *text)
 {
-	char tmp[512], fin[512];
-	snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
-	snprintf(fin, sizeof fin, "%s/%s", dir, name);
-	FILE *f = fopen(tmp, "w");
-	CHECK(f, "fopen %s", tmp);
-	fputs(text, f);
-	fclose(f);
-	CHECK(!rename(tmp, fin), "rename");
+	CHECK(!xchg_put(dir, name, text), "cannot write %s/%s", dir, name);
 }
 
 static void get_file(const char *dir, const char *name, char *buf, size_t n)
 {
-	char fin[512];
-	snprintf(fin, sizeof fin, "%s/%s", dir, name);
-	double t0 = ibgda_now_s();
-	for (;;) {
-		FILE *f = fopen(fin, "r");
-		if (f) {
-			size_t r = fread(buf, 1, n - 1, f);
-			buf[r] = 0;
-			fclose(f);
-			return;
-		}
-		if (ibgda_now_s() - t0 > TIMEOUT_S)
-			DIE(2, "timeout waiting for %s", fin);
-		usleep(2000);
-	}
+	if (xchg_get(dir, name, buf, n, TIMEOUT_S))
+		DIE(2, "timeout waiting for %s/%s", dir, name);
 }
 
 int main(int argc, char **argv)
