@@ -6,8 +6,8 @@ link + switch + link, and is received when the receiver's receive side is free
 (cut-through; two senders into one receiver queue behind each other).  The ports
 are busy-until timelines (max-plus recurrences) rather than SimPy resources: a
 message needs no event of its own, only the callbacks that someone waits on.
-`Fabric.send` is the definition; the NIC's per-WQE loop (nic.Nic.doorbell) and the
-closed-form post + quiet chains (closed_form.py) apply the same recurrence inline.
+`Fabric.send` is the definition, called by the NIC's per-WQE loop (nic.Nic.doorbell); the closed-form
+post + quiet chains (closed_form.py) apply the same recurrence inline.
 """
 
 

@@ -383,8 +383,7 @@ class Nic:
         moved = 0
         decoded = sq.decoded
         check = self.CHECK_BYTES
-        hop = t.loopback_ns if src is dst else 2 * t.link_latency_ns + t.switch_latency_ns
-        hdr, bw = t.header_bytes, t.link_bw
+        send = self.fabric.send
         i = start
         while i < new:
             # what the NIC finds in the ring: the decoded WQE when the slot still holds the one the
@@ -404,23 +403,14 @@ class Nic:
                 opcode, nw, fm, nbytes, raddr, effect = found
             s = t_fetch if t_fetch > self.free_at else self.free_at
             self.free_at = s + exec_ns
-            # fabric (fabric.Fabric.send, inlined): request/data out, ACK/response back
+            # over the fabric: the request (with its data for writes and sends) out, ACK/response back
             if opcode == W.RDMA_READ:
-                out_b, t_ready = 16, s
+                out_b = 16
             elif opcode >= W.ATOMIC_CS:
-                out_b, t_ready = 28, s
+                out_b = 28
             else:
-                out_b, t_ready = nbytes, s
-            wire = out_b + hdr
-            ser = wire / bw
-            st = t_ready if t_ready > src.tx_free else src.tx_free
-            src.tx_free = st + ser
-            src.tx_bytes += wire
-            e1 = st + hop + ser
-            e2 = dst.rx_free + ser
-            t_arr = e1 if e1 > e2 else e2
-            dst.rx_free = t_arr
-            dst.rx_bytes += wire
+                out_b = nbytes
+            t_arr = send(src, dst, out_b, s)
             if opcode == W.RDMA_READ:
                 t_remote = t_arr + t.nic_pcie_read_ns
                 back = nbytes
@@ -430,17 +420,7 @@ class Nic:
             else:
                 t_remote = t_arr + t.nic_pcie_write_ns
                 back = 0
-            t_ready = t_arr if back == 0 and opcode < W.RDMA_READ else t_remote
-            wire = back + hdr
-            ser = wire / bw
-            st = t_ready if t_ready > dst.tx_free else dst.tx_free
-            dst.tx_free = st + ser
-            dst.tx_bytes += wire
-            e1 = st + hop + ser
-            e2 = src.rx_free + ser
-            t_done = e1 if e1 > e2 else e2
-            src.rx_free = t_done
-            src.rx_bytes += wire
+            t_done = send(dst, src, back, t_arr if back == 0 and opcode < W.RDMA_READ else t_remote)
             if opcode >= W.RDMA_READ:
                 t_done = t_done + t.nic_pcie_write_ns
             t_cqe = t_done + cqe_ns
