@@ -6,5 +6,6 @@ SELECT (SELECT max(b) / nullif(min(b), 0) FROM e) AS egress_imbalance,
        (SELECT max(b) / nullif(min(b), 0) FROM i) AS ingress_imbalance,
        (SELECT max(bytes) / nullif(sum(bytes) / ((SELECT count(*) FROM gpus) * ((SELECT count(*) FROM gpus) - 1)), 0) FROM m)
          AS heaviest_pair_vs_mean,  -- mean over every ordered pair of distinct GPUs
-       (SELECT arg_max(src, bytes) FROM m) AS heaviest_src, (SELECT arg_max(dst, bytes) FROM m) AS heaviest_dst,
+       (SELECT src FROM m ORDER BY bytes DESC, src, dst LIMIT 1) AS heaviest_src,
+       (SELECT dst FROM m ORDER BY bytes DESC, src, dst LIMIT 1) AS heaviest_dst,  -- one pair; ties: lowest ids
        (SELECT max(bytes) FROM m) AS heaviest_bytes;

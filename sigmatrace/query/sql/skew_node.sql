@@ -6,6 +6,7 @@ SELECT (SELECT max(b) / nullif(min(b), 0) FROM e) AS egress_imbalance,
        (SELECT max(b) / nullif(min(b), 0) FROM i) AS ingress_imbalance,
        (SELECT max(bytes) / nullif(sum(bytes) / ((SELECT count(*) FROM nodes) * ((SELECT count(*) FROM nodes) - 1)), 0) FROM m)
          AS heaviest_pair_vs_mean,  -- mean over every ordered pair of distinct nodes, idle pairs included
-       (SELECT arg_max(src, bytes) FROM m) AS heaviest_src, (SELECT arg_max(dst, bytes) FROM m) AS heaviest_dst,
-       (SELECT max(bytes) FROM m) AS heaviest_bytes, (SELECT arg_max(src, b) FROM e) AS heaviest_egress_node,
-       (SELECT arg_max(dst, b) FROM i) AS heaviest_ingress_node;
+       (SELECT src FROM m ORDER BY bytes DESC, src, dst LIMIT 1) AS heaviest_src,
+       (SELECT dst FROM m ORDER BY bytes DESC, src, dst LIMIT 1) AS heaviest_dst,  -- one pair; ties: lowest ids
+       (SELECT max(bytes) FROM m) AS heaviest_bytes, (SELECT src FROM e ORDER BY b DESC, src LIMIT 1) AS heaviest_egress_node,
+       (SELECT dst FROM i ORDER BY b DESC, dst LIMIT 1) AS heaviest_ingress_node;
