@@ -37,7 +37,7 @@ _RUN = r"""
 import json, resource, sys, time
 sys.path[:0] = {paths!r}
 from sigmatrace.correlate import correlate
-from sigmatrace.export import write_tables
+from sigmatrace.tables import write_tables
 t0 = time.perf_counter()
 c = correlate({cap!r}, workers={workers})
 t1 = time.perf_counter()
@@ -51,7 +51,7 @@ if {floor!r}:
     # same writer options into memory (timed) -- what pyarrow's Parquet encoding costs by itself
     import io, pathlib
     import pyarrow.parquet as pq
-    from sigmatrace.export import tables as T
+    from sigmatrace.tables import parquet as T
     enc = {{}}
     for f in sorted(pathlib.Path({out!r}).iterdir()):
         parts = sorted(f.glob("*.parquet")) if f.is_dir() else [f]
@@ -92,7 +92,7 @@ def make_capture(path, events):
 _DECODE = r"""
 import json, statistics, sys, time
 sys.path[:0] = {paths!r}
-from sigmatrace.correlate import _kernel, decode
+from sigmatrace.decode import columns as decode, kernel as _kernel
 res = {{}}
 for mode in ("kernel", "numpy"):
     if mode == "kernel" and _kernel.get() is None:
@@ -188,7 +188,7 @@ def test_report_throughput_and_memory(benchmark, capture, tmp_path):
     BENCH_REPEAT=N runs each pipeline N times (median).  One extra run (kernel, 1 worker) then times pyarrow's
     Parquet encoding of the written tables alone (read back untimed, encoded again into memory with the same
     options): the floor that the tables stage cannot go below with this encoder."""
-    from sigmatrace.correlate import _kernel
+    from sigmatrace.decode import kernel as _kernel
     cap, n, gen_s = capture
     size = cap.stat().st_size
     reps = max(1, int(os.environ.get("BENCH_REPEAT", 1)))

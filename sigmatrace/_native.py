@@ -80,7 +80,7 @@ def build_info():
 
 
 def decode_library():
-    """Path of the reader-side decode kernel (libsigmatrace_decode.so, see correlate._kernel) or None.
+    """Path of the reader-side decode kernel (libsigmatrace_decode.so, see sigmatrace.decode.kernel) or None.
 
     Kept out of libsigmatrace.so, which is preloaded into traced programs."""
     for d in candidate_dirs():

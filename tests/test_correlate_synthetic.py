@@ -1,4 +1,4 @@
-"""Correlator against the synthetic fixture generator's ground truth (sigmatrace.correlate.synth).
+"""Correlator against the synthetic fixture generator's ground truth (sigmatrace_sim.synthetic).
 
 2 nodes x 2 processes, DevX GPU QPs in every direction, coalesced doorbells,
 a producer index that wraps, barriers as fetch-add atomics, a verbs
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sigmatrace.correlate import correlate
-from sigmatrace.correlate.synth import write_synthetic
+from sigmatrace_sim.synthetic import write_synthetic
 
 pytestmark = pytest.mark.sim
 
@@ -133,7 +133,7 @@ def test_qp_topology(cap):
 
 def test_last_process_header_is_kept(tmp_path):
     """docs/format.md: the *last* PROCESS chunk of a process is its header (rewritten when NICs/GPUs appear)."""
-    from sigmatrace.correlate import core
+    from sigmatrace.correlate import pool as core
     from sigmatrace.format import layout as L
     from sigmatrace.format.writer import TraceWriter
     path = tmp_path / "h.0.0.trace"

@@ -1,4 +1,4 @@
-"""The C decode kernel (libsigmatrace_decode.so via correlate._kernel) against the numpy path: identical
+"""The C decode kernel (libsigmatrace_decode.so via sigmatrace.decode.kernel) against the numpy path: identical
 FileDecode results on the fixtures, on cut / corrupted / byte-range inputs, identical events-table batches,
 and the numpy fallback when the kernel is absent or disabled (SIGMATRACE_NO_KERNEL=1)."""
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sigmatrace.correlate import _kernel, decode
+from sigmatrace.decode import columns as decode, kernel as _kernel
 from sigmatrace.format import layout as L
 from sigmatrace.format.reader import chunk_spans
 
@@ -179,7 +179,7 @@ def test_fallback_when_disabled_or_absent(monkeypatch):
     # library absent (a build without a C compiler): a fresh interpreter that finds no library
     monkeypatch.delenv("SIGMATRACE_NO_KERNEL")
     code = ("import sigmatrace._native as n; n.decode_library = lambda: None\n"
-            "from sigmatrace.correlate import _kernel, decode\n"
+            "from sigmatrace.decode import columns as decode, kernel as _kernel\n"
             "assert _kernel.get() is None\n"
             "fd = decode.decode_file(%r); assert fd.records and fd.error is None\n"
             "from sigmatrace.correlate import correlate\n"
@@ -192,7 +192,7 @@ def test_fallback_when_disabled_or_absent(monkeypatch):
 
 @needs_kernel
 def test_match_kth_identical(monkeypatch):
-    from sigmatrace.correlate import core
+    from sigmatrace.correlate import ops
     rng = np.random.default_rng(3)
     cases = [(np.zeros(0, np.int64), np.zeros(0), np.arange(3), np.arange(3.0))]
     for n, m, keys in ((1, 1, 1), (50, 70, 5), (10_000, 8_000, 300), (5000, 5000, 1), (3000, 4000, 10_000)):
@@ -201,10 +201,10 @@ def test_match_kth_identical(monkeypatch):
         cases.append((ka, ta, kb, tb))
         cases.append((np.sort(ka), np.arange(n), np.sort(kb), np.arange(m)))
     for ka, ta, kb, tb in cases:
-        a = core._match_kth(ka, ta, kb, tb)
+        a = ops.match_kth(ka, ta, kb, tb)
         with monkeypatch.context() as mp:
             mp.setenv("SIGMATRACE_NO_KERNEL", "1")
-            b = core._match_kth(ka, ta, kb, tb)
+            b = ops.match_kth(ka, ta, kb, tb)
         assert len(a[0]) == len(b[0]) and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 
@@ -252,9 +252,9 @@ def test_correlate_identical_with_and_without_kernel(monkeypatch):
 
 
 def test_worker_results_through_shared_memory(monkeypatch):
-    """Pool results come back through a /dev/shm file (core._pack / _unpack): same objects, writable arrays,
+    """Pool results come back through a /dev/shm file (correlate.pool._pack / _unpack): same objects, writable arrays,
     the file removed; and a 2-worker correlation through that path equals the 1-worker one."""
-    from sigmatrace.correlate import core
+    from sigmatrace.correlate import pool as core
     if not os.path.isdir(core.SHM_DIR):
         pytest.skip("no /dev/shm")
     monkeypatch.setattr(core, "_PACK_MIN", 0)

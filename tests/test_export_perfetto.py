@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from sigmatrace.correlate import correlate
-from sigmatrace.export import write_perfetto, write_tables
+from sigmatrace.export import write_perfetto
+from sigmatrace.tables import write_tables
 
 pytestmark = pytest.mark.sim
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
@@ -15,7 +16,7 @@ FIX = Path(__file__).resolve().parent.parent / "fixtures"
 def corr(tmp_path_factory):
     cap = FIX / "bfs.bin"
     if not cap.exists():
-        from sigmatrace.correlate.synth import write_synthetic
+        from sigmatrace_sim.synthetic import write_synthetic
         cap, _ = write_synthetic(tmp_path_factory.mktemp("syn"))
     return correlate(cap, workers=1)
 
@@ -139,7 +140,7 @@ def test_streaming_scan_equals_one_pass(ar_corr, tmp_path, monkeypatch):
 def test_host_events_tied_at_the_cut_are_kept():
     """The host-event collector keeps the budget earliest events and every event tied with the last one, so the
     time window drawn from them includes ties at its end like it does for operations."""
-    from sigmatrace.export.perfetto import HostCollector
+    from sigmatrace.tables.host_events import HostCollector
     hc = HostCollector(2)
     n = 5
     host_type = 0x0100          # a host-layer event type (layer 0x01)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sigmatrace.cli.main import main
-from sigmatrace.correlate.synth import write_synthetic
+from sigmatrace_sim.synthetic import write_synthetic
 
 pytestmark = pytest.mark.sim
 

@@ -9,9 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sigmatrace.cli.report import build_report
-from sigmatrace.correlate import core, correlate
-from sigmatrace.correlate.synth import write_synthetic
+from sigmatrace.report import build_report
+from sigmatrace.correlate import correlate
+from sigmatrace.correlate import pool as core
+from sigmatrace_sim.synthetic import write_synthetic
 
 pytestmark = pytest.mark.sim
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
@@ -67,7 +68,7 @@ def test_tiny_batches_and_ranges_equal_default(captures, tmp_path, monkeypatch, 
     ref = tmp_path / "ref"
     build_report(cap, ref, workers=1, figures=False, quiet=True, max_perfetto_events=300)
     monkeypatch.setattr(core, "SPLIT_MIN_BYTES", 0)     # split single files into ranges across workers
-    from sigmatrace.export import tables as export_tables
+    from sigmatrace.tables import parquet as export_tables
     monkeypatch.setattr(export_tables, "ROW_RANGE", 50)  # per-operation tables in many row ranges, written by
     # forked workers alongside the events parts
     small = tmp_path / "small"

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sigmatrace.correlate import correlate
-from sigmatrace.export import write_tables
+from sigmatrace.tables import write_tables
 
 pytestmark = pytest.mark.sim
 FIX = Path(__file__).resolve().parent.parent / "fixtures"

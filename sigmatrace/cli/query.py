@@ -35,7 +35,8 @@ def _print(cur, fmt, limit):
 
 
 def run(args):
-    from ..query import connect, ensure_report, named_queries, perfetto_query
+    from ..query import connect, named_queries, perfetto_query
+    from ..report import ensure_report
     if args.list:
         for name, sql in named_queries().items():
             first = next((l[3:] for l in sql.splitlines() if l.startswith("--")), "")

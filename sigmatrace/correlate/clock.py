@@ -391,3 +391,134 @@ class TimeBase:
         nm = node[m]
         t[m] += np.rint(off[nm] + drift[nm] * (t[m] - ref[nm]).astype(np.float64)).astype(np.int64)
         return t
+
+
+# ---- the correlator's clock stages -----------------------------------------------------------------------
+def fit_nodes(out, procs, nodes):
+    """Step 1 for every node (its processes' calibration pairs together); a warning per uncalibrated node."""
+    clocks = {}
+    for n in range(nodes.count):
+        members = np.flatnonzero(nodes.node_of == n)
+        clocks[n] = fit_node(n, [procs[i].calibration for i in members],
+                             [(procs[i].header or {}).get("tsc_hz") for i in members])
+        if clocks[n].pairs == 0:
+            out.warnings.append(f"node {nodes.labels[n]}: no calibration pairs; its time base comes from matched "
+                                f"operations only (F24b)")
+    return clocks
+
+
+def matched_pairs(ops, m, node_of, ranks, remote, to_ns):
+    """Causal pairs (step 2's input) from matched operations: send -> the peer's receive completion, that
+    receive -> the sender's completion, and request/response alternation on connected QP pairs.
+    ``m``: ``ops.Matches``; times on the calibration time base (``to_ns(..., True)``)."""
+    pairs = []
+    o_proc, o_qp, o_tsc = ops["process"], ops["qp_id"], ops["tsc"]
+    c_proc, c_tsc = m.wc_process, m.wc_tsc
+    op_peer, op_compl = m.op_peer, m.op_completion
+    node32 = node_of.astype(np.int32)      # narrow node ids (one pair per matched op)
+    if len(o_tsc):
+        s_i = np.flatnonzero(op_peer >= 0)
+        if len(s_i):
+            r_i = op_peer[s_i]
+            pairs.append(CausalPairs(node32[o_proc[s_i]], to_ns(o_proc[s_i], o_tsc[s_i], True),
+                                     node32[c_proc[r_i]], to_ns(c_proc[r_i], c_tsc[r_i], True)))
+            del r_i
+            both = s_i[op_compl[s_i] >= 0]
+            if len(both):
+                pb, cb = op_peer[both], op_compl[both]
+                pairs.append(CausalPairs(node32[c_proc[pb]], to_ns(c_proc[pb], c_tsc[pb], True),
+                                         node32[o_proc[both]], to_ns(c_proc[cb], c_tsc[cb], True)))
+                del pb, cb, both
+        del s_i
+        pairs.append(alternation_pairs(o_proc, o_qp, o_tsc, m.op_remote_qp, remote, node_of, ranks,
+                                       lambda pi, ts: to_ns(pi, ts, True)))
+    return pairs
+
+
+def refine_nodes(out, clocks, labels, pairs, mode, windows):
+    """Step 2 on the pairs (consumed); a warning per corrected node."""
+    cp = CausalPairs.concat(pairs, consume=True)
+    del pairs[:]
+    out.clock_info = refine(clocks, cp, mode, windows=windows)
+    del cp
+    for n, c in clocks.items():
+        if c.refined:
+            out.warnings.append(f"node {labels[n]}: clock corrected by {c.offset_ns / 1e3:+.3f} µs, drift "
+                                f"{c.drift * 1e6:+.3f} ppm from {c.refine_pairs} matched operation pairs "
+                                f"({c.refine_method}; residual {c.refine_residual_ns:.0f} ns)")
+
+
+def clock_table(clocks, labels):
+    nodes = sorted(clocks)
+    return dict(
+        node=np.array(nodes, np.int64), label=np.array([labels[n] for n in nodes], dtype=object),
+        source=np.array([clocks[n].source for n in nodes], dtype=object),
+        calibration_pairs=np.array([clocks[n].pairs for n in nodes], np.int64),
+        ptp=np.array([clocks[n].ptp for n in nodes]),
+        ns_per_tick=np.array([clocks[n].slope for n in nodes]),
+        fit_residual_ns=np.array([clocks[n].fit_residual_ns for n in nodes]),
+        offset_ns=np.array([clocks[n].offset_ns for n in nodes]),
+        drift_ppm=np.array([clocks[n].drift * 1e6 for n in nodes]),
+        refined=np.array([clocks[n].refined for n in nodes]),
+        refine_pairs=np.array([clocks[n].refine_pairs for n in nodes], np.int64),
+        residual_ns=np.array([clocks[n].refine_residual_ns for n in nodes]),
+        method=np.array([clocks[n].refine_method or "calibration" for n in nodes], dtype=object))
+
+
+def alternation_pairs(o_proc, o_qp, o_tsc, o_dqp, remote, proc_node, ranks, first_ns):
+    """Causal pairs from request/response alternation on a connected QP pair across nodes.
+
+    When A's k-th operation on qa -> B and B's k-th on qb -> A strictly alternate
+    (ping-pong: A_k < B_k < A_k+1, or B first), each hop is causal.  Which side
+    starts is unknown without a common clock, so both orders are tested: the
+    order is accepted only if the clock offset it implies has a non-empty
+    feasible interval (every delay positive) and the other order's is empty.
+    Streams that do not alternate (bursts, one-way traffic) are left alone.
+    """
+    out = []
+    if not len(o_qp):
+        return CausalPairs()
+    # ops grouped by QP (one stable sort); a QP's node is its process's
+    o = np.argsort(o_qp, kind="stable")
+    sq = o_qp[o]
+    uq, st = np.unique(sq, return_index=True)
+    en = np.append(st[1:], len(sq))
+    grp = {int(q): o[a:b] for q, a, b in zip(uq.tolist(), st.tolist(), en.tolist())}
+    qnode = {q: int(proc_node[o_proc[ix[0]]]) for q, ix in grp.items()}
+    qps = [q for q in grp if q >= 0 and remote[q] >= 0 and int(remote[q]) in qnode and qnode[int(remote[q])] != qnode[q]]
+    done = set()
+    qset = set(qps)
+    for qa in qps:
+        qb = int(remote[qa])
+        if qb < 0 or (qb, qa) in done or qb not in qset:
+            continue
+        done.add((qa, qb))
+        ia = grp[qa]
+        ib = grp[qb]
+        if min(len(ia), len(ib)) < 8 or abs(len(ia) - len(ib)) > 1:
+            continue
+        ta = first_ns(o_proc[ia], o_tsc[ia])
+        tb = first_ns(o_proc[ib], o_tsc[ib])
+        ia, ta = ia[np.argsort(ta, kind="stable")], np.sort(ta)
+        ib, tb = ib[np.argsort(tb, kind="stable")], np.sort(tb)
+        n = min(len(ta), len(tb))
+
+        def feasible(x, y):  # x_k -> y_k -> x_{k+1}: bounds on err_y - err_x
+            hi = (y[:n] - x[:n]).min()
+            m = min(n, len(x) - 1)
+            lo = (y[:m] - x[1:m + 1]).max() if m > 0 else -np.inf
+            return lo <= hi
+        h1, h2 = feasible(ta, tb), feasible(tb, ta)
+        if not (h1 or h2):
+            continue
+        if h1 and h2:
+            # a perfect alternation fits both orders (shifted by one period): the initiator is taken
+            # to be the lower rank (ping-pong convention); with clocks the bounds decide
+            ra, rb = ranks[o_proc[ia[0]]], ranks[o_proc[ib[0]]]
+            h1, h2 = bool(ra <= rb), bool(rb < ra)
+        x_t, y_t, xi, yi = (ta, tb, ia, ib) if h1 else (tb, ta, ib, ia)
+        na, nb = proc_node[o_proc[xi[0]]], proc_node[o_proc[yi[0]]]
+        m = min(n, len(x_t) - 1)
+        out.append(CausalPairs(np.full(n, na, np.int32), x_t[:n], np.full(n, nb, np.int32), y_t[:n]))
+        out.append(CausalPairs(np.full(m, nb, np.int32), y_t[:m], np.full(m, na, np.int32), x_t[1:m + 1]))
+    return CausalPairs.concat(out)

@@ -22,7 +22,10 @@ import json
 
 import numpy as np
 
+from .. import schema
 from ..format import events as E
+from . import hostlib
+from .rows import Labels, RowTable, sel_ids
 from .util import group_starts, rank_in_group
 
 BARRIER_OPS = (0x12, 0x15)   # ATOMIC_FA, ATOMIC_MASKED_FA
@@ -30,14 +33,12 @@ BARRIER_OPS = (0x12, 0x15)   # ATOMIC_FA, ATOMIC_MASKED_FA
 
 # A flow is the arrow between the two sides of a matched op.  Everything else about it (QPs, processes,
 # nodes, bytes, opcode) is the op's: one definition per fact, join ops on op_id (docs/schema.md).
-FLOW_COLUMNS = ("flow_id", "op_id", "kind", "src_ns", "dst_ns", "dst_completion_id")
+FLOW_COLUMNS = schema.columns("flows")
 FLOW_KINDS = ["send-recv", "op-completion", "one-sided"]
 
 
 def build_flows(out):
     """One flow per matched op, computed per row range from the ops table (only the op index is kept)."""
-    from .core import Labels
-    from .rows import RowTable, sel_ids
     ops = out.tables["ops"]
     m = np.flatnonzero(ops.rows(None, ("dst_qp_id",))["dst_qp_id"] >= 0)
     nf = len(m)
@@ -236,7 +237,6 @@ def build_aggregates(out, procs, qp_of, remote, q_proc, q_gpu, proc_node, ranks)
     ok = rq >= 0
     dproc = np.where(ok, q_proc[np.maximum(rq, 0)], -1) if len(q_proc) else np.full(len(qid), -1)
     # UCX / libfabric counters: obj = endpoint, peer = destination fi_addr (unconnected libfabric endpoints)
-    from . import hostlib
     peers = getattr(out, "_peers", None)
     ucx_t = np.isin(tp, [E.value(n) for n in hostlib.UCX_OPS])
     ofi_t = np.isin(tp, [E.value(n) for n in hostlib.OFI_OPS])

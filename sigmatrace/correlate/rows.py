@@ -15,6 +15,20 @@ import numpy as np
 CACHE_ROWS = 4_000_000
 
 
+class Labels:
+    """A string column as small-int codes into a fixed vocabulary (written as an Arrow dictionary array)."""
+
+    def __init__(self, codes, vocab):
+        self.codes = np.asarray(codes, np.int32)
+        self.vocab = vocab
+
+    def __len__(self):
+        return len(self.codes)
+
+    def objects(self):
+        return np.array(self.vocab, dtype=object)[self.codes] if len(self.codes) else np.zeros(0, object)
+
+
 class RowTable(Mapping):
     def __init__(self, n_rows, columns, compute, base=None):
         """``columns``: output column names in order; ``compute(sel, names) -> {name: array}`` for a slice or
@@ -27,7 +41,7 @@ class RowTable(Mapping):
 
     def rows(self, sel=None, names=None, labels=False):
         """Output columns for rows ``sel`` (slice or index array; all rows when None).  ``labels``: string
-        columns as ``core.Labels`` (codes + vocabulary) instead of object arrays."""
+        columns as ``Labels`` (codes + vocabulary) instead of object arrays."""
         if sel is None:
             sel = slice(0, self.n_rows)
         return self._compute(sel, tuple(names) if names is not None else self.columns, labels=labels)

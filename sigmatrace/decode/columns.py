@@ -34,52 +34,11 @@ from ..errors import TraceFormatError
 from ..format import events as E
 from ..format import layout as L
 from ..format.reader import iter_chunks
+from . import kernel as _kernel
+from .types import CORRELATOR_TYPE_LUT, DEFAULT_BATCH_RECORDS, TYPE_COLUMNS
 
 EXT = E.EXT
 _SIDE_HEAD = struct.Struct("<QIHH")
-DEFAULT_BATCH_RECORDS = 1 << 18
-
-# event types the correlator reads (core._build and derived.*); everything else only goes to the events table
-CORRELATOR_TYPES = ("DROPS", "DB_HIJACK_INSTALL", "IBV_CREATE_QP", "MLX5_DEVX_OBJ_CREATE", "IBV_MODIFY_QP",
-                    "MLX5_DEVX_OBJ_MODIFY", "DB_DOORBELL", "DB_WQE", "DB_WQE_LOST", "IBV_SEND_WR", "IBV_POST_SEND",
-                    "IBV_WR_COMPLETE", "IBV_WC",
-                    # UCX / libfabric identities and operations (correlate.hostlib)
-                    "UCP_WORKER_CREATE", "UCP_EP_CREATE", "OFI_ENDPOINT", "OFI_AV_INSERT",
-                    "UCP_PUT", "UCP_GET", "UCP_ATOMIC", "UCP_TAG_SEND", "UCP_STREAM_SEND", "UCP_AM_SEND",
-                    "OFI_SEND", "OFI_TSEND", "OFI_WRITE", "OFI_READ", "OFI_ATOMIC")
-_TYPE_LUT = np.zeros(1 << 16, bool)
-for _n in CORRELATOR_TYPES:
-    _TYPE_LUT[E.value(_n)] = True
-
-# per correlator type: the named columns the correlator reads (others are only in the events table), with the
-# narrowest dtype that holds them.  Workers keep these columns only (``ProcDecode.tables``).
-_USED = {"IBV_WC": ("status", "opcode", "qpn", "wr_id", "byte_len"),
-         "IBV_SEND_WR": ("opcode", "send_flags", "qpn", "wr_id", "raddr", "rkey", "bytes"),
-         "IBV_POST_SEND": ("num_wr", "qpn", "bytes", "wr_id", "opcode"),
-         "IBV_WR_COMPLETE": ("num_wr", "qpn", "bytes"),
-         **{n: ("op", "ep", "bytes", "raddr") for n in ("UCP_PUT", "UCP_GET", "UCP_ATOMIC", "UCP_TAG_SEND",
-                                                       "UCP_STREAM_SEND", "UCP_AM_SEND")},
-         **{n: ("op", "ep", "bytes", "dest", "raddr") for n in ("OFI_SEND", "OFI_TSEND", "OFI_WRITE", "OFI_READ",
-                                                               "OFI_ATOMIC")}}
-_SLOT_DT = dict(aux=np.uint16, obj=np.uint32, arg=np.uint64, x0=np.uint64, x1=np.uint16, x2=np.uint32, x3=np.uint64)
-def _type_columns(name):
-    """[(column, slot, low bit, width, dtype)] kept for one correlator type."""
-    used = _USED.get(name)
-    out = []
-    for col, sl, lo, width in E.BY_NAME[name].columns():
-        if used is not None and col not in used:
-            continue
-        dt = _SLOT_DT[sl]
-        if width is not None and width <= 8:
-            dt = np.uint8
-        elif width is not None and width <= 16:
-            dt = np.uint16 if np.dtype(dt).itemsize >= 2 else dt
-        out.append((col, sl, lo, width, dt))
-    return out
-
-
-TYPE_COLUMNS = {E.value(n): (n, _type_columns(n)) for n in CORRELATOR_TYPES}
-
 
 def concat_tables(parts):
     """Concatenate lists of per-type column dicts (file order)."""
@@ -274,7 +233,7 @@ class _Batch:
             p.n_events += int(prim_per_chunk[m].sum())
             p.n_records += int(counts[m].sum())
             p._chunks.append(ci[m])
-        sel = np.flatnonzero(_TYPE_LUT[types])
+        sel = np.flatnonzero(CORRELATOR_TYPE_LUT[types])
         if len(sel):
             c = np.searchsorted(starts, sel, side="right") - 1
             thr = np.asarray(self.threads, np.uint32)[c]
@@ -333,7 +292,6 @@ def decode_file(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS, k
     Uses the C decode kernel (``_kernel``) when it is built and not disabled (``SIGMATRACE_NO_KERNEL=1``),
     else the numpy path below; both give identical results.  ``kernel``: True / False forces one."""
     if kernel is None or kernel:
-        from . import _kernel
         k = _kernel.get()
         if k is not None:
             try:
@@ -560,7 +518,6 @@ def iter_event_batches(procs, batch_records=DEFAULT_BATCH_RECORDS):
     batch of whole chunks.  Each chunk's records are read with ``preadv`` straight into the batch
     array (no memory map: no page faults, nothing of the file resident beyond the batch).
     """
-    from . import _kernel
     kern = _kernel.get()
     fds = {}
     batch_records = max(1, int(batch_records))

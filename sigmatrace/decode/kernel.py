@@ -20,6 +20,9 @@ import os
 
 import numpy as np
 
+from .. import _native
+from .types import TYPE_COLUMNS
+
 _CDEF = """
 typedef struct {
     int64_t offset; uint64_t uid; uint64_t tsc_min; uint64_t tsc_max;
@@ -170,7 +173,6 @@ class Kernel:
 
 
 def library_path():
-    from .. import _native
     return _native.decode_library()
 
 
@@ -185,7 +187,6 @@ def get():
         path = library_path()
         if path is not None:
             import cffi
-            from .decode import TYPE_COLUMNS
             ffi = cffi.FFI()
             ffi.cdef(_CDEF)
             k = Kernel(ffi, ffi.dlopen(str(path)), TYPE_COLUMNS)

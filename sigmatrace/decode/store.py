@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..format import events as E
-from .decode import TYPE_COLUMNS
+from .types import TYPE_COLUMNS
 
 
 class EventStore:

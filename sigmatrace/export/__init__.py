@@ -1,6 +1,5 @@
-"""Exports (F17): Perfetto protobuf, summary.json, Parquet tables."""
+"""Export (layer 5): the Perfetto protobuf timeline (F17).  Tables: ``sigmatrace.tables``; summary.json and
+figures: ``sigmatrace.report``."""
 from .perfetto import write_perfetto
-from .summary import build_summary, write_summary
-from .tables import TABLES, arrow_table, write_tables
 
-__all__ = ["write_perfetto", "build_summary", "write_summary", "write_tables", "arrow_table", "TABLES"]
+__all__ = ["write_perfetto"]

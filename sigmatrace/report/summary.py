@@ -7,6 +7,10 @@ import math
 
 import numpy as np
 
+from ..analysis import comm_matrix, skew
+from ..mlx5.verbs import OPCODE_VOCAB
+from ..query import connect, named_queries
+
 
 def _clean(x):
     if isinstance(x, dict):
@@ -32,8 +36,6 @@ def _rows(con, sql):
 
 
 def build_summary(corr, con=None, perfetto_stats=None):
-    from ..analysis import comm_matrix, skew
-    from ..query import connect, run_named
     con = con or connect(corr)
     T = corr.tables
     ops_t = T["ops"]
@@ -96,7 +98,6 @@ def build_summary(corr, con=None, perfetto_stats=None):
 
 
 def _by_opcode(codes):
-    from ..correlate.core import OPCODE_VOCAB
     u, c = np.unique(np.asarray(codes, np.int64) & 0xFF, return_counts=True)
     cnt = {}
     for k, v in zip(u.tolist(), c.tolist()):
@@ -105,7 +106,6 @@ def _by_opcode(codes):
 
 
 def run_named_sql(name):
-    from ..query import named_queries
     return named_queries()[name].strip().rstrip(";")
 
 

@@ -25,16 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ..decode import iter_event_batches
+from .. import schema
+from ..errors import SigmatraceError
 from ..format import events as E
+from .host_events import HostCollector
 
-TABLES = ("processes", "threads", "nodes", "nics", "gpus", "qps", "events", "doorbells", "wqes", "ops", "flows",
-          "completions", "barriers", "barrier_arrivals", "clock", "losses", "aggregates")
+TABLES = schema.TABLE_NAMES
 # the per-record tables: directories of part files (contiguous row ranges, written in parallel)
-DIR_TABLES = ("events", "ops", "completions", "flows")
-EVENT_COLUMNS = ("process", "thread", "tsc", "ns", "type", "aux", "obj", "arg", "type_name", "x0", "x1", "x2", "x3",
-                 "node")
-_EV_DT = dict(process=np.int32, thread=np.int32, tsc=np.uint64, ns=np.int64, type=np.uint16, aux=np.uint16,
-              obj=np.uint32, arg=np.uint64, x0=np.uint64, x1=np.uint16, x2=np.uint32, x3=np.uint64, node=np.int32)
+DIR_TABLES = schema.PART_TABLES
+EVENT_COLUMNS = schema.columns("events")
+_EV_DT = {c.name: np.dtype(c.type) for c in schema.BY_NAME["events"].columns if c.type != "string"}
 # min/max statistics only where readers prune on them (time, process/node, ids)
 _STATS = ("process", "node", "ns", "op_id", "completion_id", "flow_id", "qp_id", "doorbell_id", "wqe_id", "src_ns",
           "dst_ns")
@@ -69,7 +70,7 @@ def _col(v):
     import pyarrow as pa
     if isinstance(v, (pa.Array, pa.ChunkedArray)):
         return v
-    if hasattr(v, "codes") and hasattr(v, "vocab"):     # correlate.core.Labels
+    if hasattr(v, "codes") and hasattr(v, "vocab"):     # correlate.rows.Labels
         return pa.DictionaryArray.from_arrays(pa.array(v.codes), _vocab(v.vocab))
     v = np.asarray(v)
     if v.dtype == object:
@@ -94,6 +95,39 @@ def to_table(cols):
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
+class SchemaMismatch(SigmatraceError):
+    """A table about to be written differs from sigmatrace.schema (a correlator or exporter bug)."""
+
+
+def _arrow_type(name):
+    import pyarrow as pa
+    return pa.string() if name == "string" else pa.type_for_alias(name)
+
+
+def conform(name, table):
+    """``table`` in the column order sigmatrace.schema declares for ``name``, its types checked against the
+    schema (a string column may be a dictionary array); an empty table is cast to the schema's types.
+    Raises ``SchemaMismatch`` on a missing or extra column or another type."""
+    import pyarrow as pa
+    spec = schema.BY_NAME[name]
+    have = set(table.column_names)
+    if have != set(spec.names):
+        raise SchemaMismatch(f"table {name}: columns {sorted(have ^ set(spec.names))} differ from sigmatrace.schema")
+    if tuple(table.column_names) != spec.names:
+        table = table.select(list(spec.names))
+    bad = []
+    for c, f in zip(spec.columns, table.schema):
+        t = f.type.value_type if pa.types.is_dictionary(f.type) else f.type
+        if t != _arrow_type(c.type):
+            bad.append((c.name, str(f.type), c.type))
+    if bad and table.num_rows == 0:
+        fields = [pa.field(c.name, _arrow_type(c.type), nullable=False) for c in spec.columns]
+        return pa.Table.from_arrays([pa.array([], type=f.type) for f in fields], schema=pa.schema(fields))
+    if bad:
+        raise SchemaMismatch(f"table {name}: column types {bad} differ from sigmatrace.schema")
+    return table
+
+
 def events_arrow(cols):
     """One batch of event columns (numpy) -> Arrow table in the events schema."""
     import pyarrow as pa
@@ -104,11 +138,10 @@ def events_arrow(cols):
                 pa.array(np.minimum(cols["type"], 0x6FF).astype(np.int32)), _type_names())
         else:
             out[k] = pa.array(np.ascontiguousarray(cols[k], dtype=_EV_DT[k]))
-    return to_table(out)
+    return conform("events", to_table(out))
 
 
 def arrow_table(corr, name):
-    import pyarrow as pa
     if name == "events":
         ev = corr.tables["events"]
         cols = dict(ev)          # loads the events when they are not in memory yet
@@ -122,8 +155,8 @@ def arrow_table(corr, name):
         return events_arrow(cols)
     t = corr.tables[name]
     if hasattr(t, "rows"):
-        return to_table(t.rows(labels=True))
-    return to_table(dict(t))
+        return conform(name, to_table(t.rows(labels=True)))
+    return conform(name, to_table(dict(t)))
 
 
 def _dict_columns(schema):
@@ -154,19 +187,19 @@ def _write(table, path, row_group_size=None):
     pq.write_table(table, path, row_group_size=row_group_size, **_opts(table.schema))
 
 
-def _write_ranges(t, path, step=ROW_RANGE, lo=0, hi=None):
+def _write_ranges(name, t, path, step=ROW_RANGE, lo=0, hi=None):
     """Rows [lo, hi) of a RowTable computed and written range by range (one row group per range)."""
     import pyarrow.parquet as pq
     writer = None
     hi = t.n_rows if hi is None else hi
     try:
         for a in range(lo, hi, step):
-            tab = to_table(t.rows(slice(a, min(a + step, hi)), labels=True))
+            tab = conform(name, to_table(t.rows(slice(a, min(a + step, hi)), labels=True)))
             if writer is None:
                 writer = pq.ParquetWriter(path, tab.schema, **_opts(tab.schema))
             writer.write_table(tab, row_group_size=max(tab.num_rows, 1))
         if writer is None:
-            tab = to_table(t.rows(slice(0, 0), labels=True))
+            tab = conform(name, to_table(t.rows(slice(0, 0), labels=True)))
             _write(tab, path)
     finally:
         if writer is not None:
@@ -212,8 +245,6 @@ def _plan_parts(procs, n_parts, batch_records):
 def _write_part(task):
     """Worker: stream one part's chunks into a Parquet file; returns (rows, host-event buffers, host total)."""
     import pyarrow.parquet as pq
-    from ..correlate.decode import iter_event_batches
-    from .perfetto import HostCollector
     path, items, to_ns, proc_node, batch_records, collect_host = task
     hc = HostCollector(collect_host) if collect_host is not None else None
     writer = None
@@ -276,7 +307,6 @@ def _event_tasks(corr, path, collect_host, workers):
 def _event_results(corr, results, collect_host):
     n = sum(r[0] for r in results)
     if collect_host is not None:
-        from .perfetto import HostCollector
         hc = HostCollector(collect_host)
         total = 0
         for _, done, tot in results:
@@ -348,7 +378,7 @@ def write_tables(corr, out_dir, names=TABLES, progress=None, collect_host=None, 
             p = out_dir / f"{name}.parquet"
             t = corr.tables[name]
             if hasattr(t, "iter_ranges"):
-                _write_ranges(t, p)
+                _write_ranges(name, t, p)
             else:
                 _write(arrow_table(corr, name), p)
             written[name] = str(p)
@@ -398,5 +428,5 @@ def _fork_ok():
 def _write_rows(name, path, lo, hi):
     """Rows [lo, hi) of one per-operation table of the Correlated being written (``_FORKED``; in a forked
     worker: the parent's) as one part file."""
-    _write_ranges(_FORKED.tables[name], path, lo=lo, hi=hi)
+    _write_ranges(name, _FORKED.tables[name], path, lo=lo, hi=hi)
     return path

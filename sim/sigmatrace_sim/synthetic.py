@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..format import TraceWriter
-from ..format import events as E
-from ..format import layout as L
+from sigmatrace.format import TraceWriter
+from sigmatrace.format import events as E
+from sigmatrace.format import layout as L
 
 EPOCH = 1_780_000_000_000_000_000
 BAR_ADDR = 0x7F00_0000_0000
@@ -43,7 +43,7 @@ class _Clock:
 def write_synthetic(out_dir, nodes=2, procs_per_node=2, doorbells_per_qp=40, levels=4, pingpongs=50,
                     calibration=True, seed=1, drift_ppm=30.0, ptp_ns=100.0, single_file=False,
                     wrap_qp=True):
-    from .. import mlx5 as M
+    from sigmatrace import mlx5 as M
     rng = np.random.default_rng(seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,347 @@
+"""Operations (F16, F24a): every RDMA operation from its most precise record, matched to its peer and to
+its completions.
+
+Sources, most precise first, one per QP: recovered WQEs of doorbells (GPU- or CPU-rung, ``doorbell``), verbs
+work requests (``verbs_wr``: IBV_SEND_WR in full mode), post calls (``verbs_post``: IBV_POST_SEND /
+IBV_WR_COMPLETE in simple mode, no per-WR detail), and UCX / libfabric calls (no QP: the peer process from
+endpoint identities, ``hostlib``).  Matching: post -> own completion by (QP, wr_id, k-th occurrence) among
+the signaled work requests; receive-consuming op -> the k-th receive completion on the connected QP.
+``op_tables`` then computes the ops and completions tables (columns: ``sigmatrace.schema``) per row range.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import schema
+from ..decode import kernel as _kernel
+from ..mlx5.verbs import (CONSUMES_RECV, DATA_OPS, IBV_SEND_SIGNALED, IBV_WC_RECV, IBV_WR_TO_MLX5, OPCODE_VOCAB,
+                          READ_OPS)
+from . import hostlib
+from .doorbells import Doorbells
+from .rows import Labels, RowTable, sel_ids
+from .topology import Topology
+from .util import group_starts, pq_key
+
+SRC_VERBS, SRC_DOORBELL, SRC_POST, SRC_UCX, SRC_OFI = 0, 1, 2, 3, 4
+SOURCE_NAMES = {SRC_VERBS: "verbs_wr", SRC_DOORBELL: "doorbell", SRC_POST: "verbs_post", SRC_UCX: "ucx",
+                SRC_OFI: "ofi"}
+
+
+def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records) -> dict:
+    """The ops' narrow base columns (one row per operation).  ``records``: a dict holding the IBV_SEND_WR,
+    IBV_POST_SEND and IBV_WR_COMPLETE columns; they are taken out of it (freed once the ops hold them)."""
+    tables = out.tables
+    swr, ps, wrc = records.pop("IBV_SEND_WR"), records.pop("IBV_POST_SEND"), records.pop("IBV_WR_COMPLETE")
+    ops_parts = []
+    wsel = np.flatnonzero(~dbs.duplicate & np.isin(tables["wqes"]["opcode"], DATA_OPS)) if len(dbs.wqe_qp) else np.zeros(0, np.int64)
+    db_qps = set(np.unique(dbs.wqe_qp[wsel]).tolist()) if len(wsel) else set()
+    if len(wsel):
+        dbi = dbs.wqe_doorbell[wsel]
+        has_db = dbi >= 0
+        ops_parts.append(dict(
+            source=np.full(len(wsel), SRC_DOORBELL, np.int64), process=dbs.wqe_process[wsel],
+            thread=np.where(has_db, tables["doorbells"]["thread"][np.maximum(dbi, 0)] if dbs.n else -1, -1),
+            qp_id=dbs.wqe_qp[wsel], tsc=np.where(has_db, dbs.tsc[np.maximum(dbi, 0)] if dbs.n else dbs.wqe_tsc[wsel], dbs.wqe_tsc[wsel]),
+            opcode=tables["wqes"]["opcode"][wsel], bytes=tables["wqes"]["bytes"][wsel], raddr=tables["wqes"]["raddr"][wsel],
+            rkey=tables["wqes"]["rkey"][wsel], wr_id=np.full(len(wsel), -1, np.int64), num_wr=np.ones(len(wsel), np.int64),
+            doorbell_id=dbi, wqe_id=wsel, signaled=tables["wqes"]["signaled"][wsel],
+            gpu=np.where(has_db, dbs.gpu[np.maximum(dbi, 0)] if dbs.n else -1, dbs.qp_gpu[dbs.wqe_qp[wsel]])))
+    s_qp = topo.of(swr["process"], swr["qpn"]).astype(np.int32)
+    s_keep = ~np.isin(s_qp, list(db_qps)) if len(s_qp) and db_qps else np.ones(len(s_qp), bool)
+    wr_qps = set(np.flatnonzero(np.bincount(s_qp[s_keep], minlength=topo.n + 1)).tolist()) if len(s_qp) else set()
+    if s_keep.any():
+        k = slice(None) if s_keep.all() else np.flatnonzero(s_keep)   # a view when every WR is kept
+        nk = len(s_qp[k])
+        code = np.array([IBV_WR_TO_MLX5.get(int(c), 0xFF) for c in range(256)], np.int16)[swr["opcode"][k]]
+        sq = s_qp[k]
+        ops_parts.append(dict(
+            source=np.full(nk, SRC_VERBS, np.int8), process=swr["process"][k], thread=swr["thread"][k], qp_id=sq,
+            tsc=swr["tsc"][k], opcode=code, bytes=swr["bytes"][k], raddr=swr["raddr"][k], rkey=swr["rkey"][k],
+            wr_id=swr["wr_id"][k].view(np.int64), num_wr=np.ones(nk, np.int32),
+            doorbell_id=np.full(nk, -1, np.int32), wqe_id=np.full(nk, -1, np.int32),
+            signaled=((swr["send_flags"][k] & IBV_SEND_SIGNALED) != 0), gpu=dbs.qp_gpu[sq].astype(np.int32)))
+        del sq, code
+    del s_keep
+    for tb, is_post in ((ps, True), (wrc, False)):
+        p_qp = topo.of(tb["process"], tb["qpn"])
+        keep = ~np.isin(p_qp, list(db_qps | wr_qps)) if len(p_qp) else np.zeros(0, bool)
+        if keep.any():
+            k = np.flatnonzero(keep)
+            if is_post:
+                code = np.array([IBV_WR_TO_MLX5.get(int(c), 0xFF) for c in range(256)], np.int64)[
+                    tb["opcode"][k].astype(np.int64) & 0xFF]
+                wr_id = tb["wr_id"][k].astype(np.int64)
+            else:
+                code = np.full(len(k), 0xFF, np.int64)
+                wr_id = np.full(len(k), -1, np.int64)
+            ops_parts.append(dict(
+                source=np.full(len(k), SRC_POST, np.int64), process=tb["process"][k].astype(np.int64),
+                thread=tb["thread"][k].astype(np.int64), qp_id=p_qp[k], tsc=tb["tsc"][k], opcode=code,
+                bytes=tb["bytes"][k].astype(np.int64), raddr=np.zeros(len(k), np.uint64),
+                rkey=np.zeros(len(k), np.int64), wr_id=wr_id, num_wr=tb["num_wr"][k].astype(np.int64),
+                doorbell_id=np.full(len(k), -1, np.int64), wqe_id=np.full(len(k), -1, np.int64),
+                signaled=np.ones(len(k), bool), gpu=dbs.qp_gpu[p_qp[k]]))
+    # UCX / libfabric operations (no QP; the peer process from endpoint identities)
+    hl = {n: st.table(n) for n in hostlib.ID_TYPES + tuple(hostlib.UCX_OPS) + tuple(hostlib.OFI_OPS)}
+    peers = hostlib.Peers(hl, procs)
+    out._peers = peers
+    ops_parts += hostlib.op_parts(hl, peers, SRC_UCX, SRC_OFI)
+    del hl
+    cols = ("source", "process", "thread", "qp_id", "tsc", "opcode", "bytes", "raddr", "rkey", "wr_id", "num_wr",
+            "doorbell_id", "wqe_id", "signaled", "gpu", "dst_proc")
+    # narrow base columns (the output dtypes are restored per row range in RowTable)
+    base_dt = dict(source=np.int8, process=np.int32, thread=np.int32, qp_id=np.int32, tsc=np.uint64, opcode=np.int16,
+                   bytes=np.int64, raddr=np.uint64, rkey=np.uint32, wr_id=np.int64, num_wr=np.int32,
+                   doorbell_id=np.int32, wqe_id=np.int32, signaled=bool, gpu=np.int32, dst_proc=np.int32)
+    for p_ in ops_parts:
+        if "dst_proc" not in p_:      # QP-based ops: the peer comes from the QP topology
+            p_["dst_proc"] = np.broadcast_to(np.int32(-1), (len(p_["tsc"]),))
+    if len(ops_parts) == 1:
+        ops = {c: np.asarray(ops_parts[0][c]).astype(base_dt[c], copy=False) for c in cols}
+    elif ops_parts:
+        ops = {c: np.concatenate([np.asarray(p[c]).astype(base_dt[c], copy=False) for p in ops_parts])
+               for c in cols}
+    else:
+        ops = {c: np.zeros(0, base_dt[c]) for c in cols}
+    del ops_parts, swr, ps, wrc, s_qp
+    return ops
+
+
+@dataclass
+class Matches:
+    """Matching results: per op its own completion and the peer's receive completion; per completion its op."""
+    op_completion: np.ndarray
+    op_peer: np.ndarray
+    wc_process: np.ndarray
+    wc_qp: np.ndarray
+    wc_tsc: np.ndarray
+    wc_op: np.ndarray
+    is_recv: np.ndarray
+    op_remote_qp: np.ndarray
+
+
+def match(out, ops, topo: Topology, wc) -> Matches:
+    """post -> completion and send -> receive over the completions ``wc`` (IBV_WC columns)."""
+    no = len(ops["tsc"])
+    o_qp, o_tsc, o_op = ops["qp_id"], ops["tsc"], ops["opcode"]
+    o_dqp = np.where(o_qp >= 0, topo.remote[np.maximum(o_qp, 0)], -1) if no and topo.n else np.full(no, -1, np.int64)
+    nwc = len(wc["tsc"])
+    c_proc = wc["process"].astype(np.int32)
+    c_qp = topo.of(c_proc, wc["qpn"]).astype(np.int32)
+    c_tsc = wc["tsc"]
+    c_op = np.full(nwc, -1, np.int32)          # op ids / completion ids fit int32 (< 2^31 rows)
+    is_recv = wc["opcode"] >= IBV_WC_RECV
+    # The two joins are independent (they fill disjoint completions of c_op): with several workers the
+    # send <-> receive join runs in a thread next to post -> completion, and each join sorts its two sides in
+    # two threads (numpy's sorts, searchsorted and ufuncs and the C merge release the GIL).
+    pool = ThreadPoolExecutor(max_workers=3) if out.workers > 1 and nwc and no else None
+    op_compl = np.full(no, -1, np.int32)
+    op_peer = np.full(no, -1, np.int32)
+
+    def post_completion():
+        # post -> completion: (qp, wr_id, k-th occurrence) among signaled WRs of the QP
+        cand = (ops["wr_id"] >= 0) & (ops["source"] != SRC_DOORBELL)
+        any_sig = np.zeros(topo.n + 1, bool)
+        if cand.any():
+            any_sig[o_qp[cand & ops["signaled"]]] = True
+        sig_all = np.array([r["sq_sig_all"] for r in topo.rows()] + [False], bool)
+        ou = np.flatnonzero(cand & (ops["signaled"] | ~any_sig[o_qp] | sig_all[o_qp]))
+        del cand
+        cs = np.flatnonzero(~is_recv)
+        if len(ou) and len(cs):
+            gk_o = pq_key(o_qp[ou].astype(np.int64) + 1, ops["wr_id"][ou] & 0xFFFFFFFF)
+            gk_c = pq_key(c_qp[cs].astype(np.int64) + 1, wc["wr_id"][cs].astype(np.int64) & 0xFFFFFFFF)
+            io, ic = match_kth(gk_o, o_tsc[ou], gk_c, c_tsc[cs], pool)
+            op_compl[ou[io]] = cs[ic]
+            c_op[cs[ic]] = ou[io]
+
+    def send_receive():
+        # send <-> receive matching on the connected QP: k-th recv-consuming op <-> k-th recv completion
+        snd = np.flatnonzero(np.isin(o_op, CONSUMES_RECV) & (o_dqp >= 0))
+        rcv = np.flatnonzero(is_recv & (c_qp >= 0))
+        if len(snd) and len(rcv):
+            i_s, i_r = match_kth(o_dqp[snd], o_tsc[snd], c_qp[rcv].astype(np.int64), c_tsc[rcv], pool)
+            op_peer[snd[i_s]] = rcv[i_r]
+            c_op[rcv[i_r]] = snd[i_s]
+
+    if nwc and no:
+        if pool is not None:
+            with pool:
+                f = pool.submit(send_receive)
+                post_completion()
+                f.result()
+        else:
+            post_completion()
+            send_receive()
+    return Matches(op_completion=op_compl, op_peer=op_peer, wc_process=c_proc, wc_qp=c_qp, wc_tsc=c_tsc, wc_op=c_op,
+                   is_recv=is_recv, op_remote_qp=o_dqp)
+
+
+OPS_COLUMNS = schema.columns("ops")
+COMPLETION_COLUMNS = schema.columns("completions")
+_OUT_DT = dict(source=np.int64, process=np.int64, thread=np.int64, qp_id=np.int64, tsc=np.uint64, opcode=np.int64,
+               bytes=np.int64, raddr=np.uint64, rkey=np.int64, wr_id=np.int64, num_wr=np.int64,
+               doorbell_id=np.int64, wqe_id=np.int64, signaled=bool, gpu=np.int64, qpn=np.int64,
+               status=np.int64, wc_opcode=np.int64, byte_len=np.int64, is_recv=bool, op_id=np.int64)
+SOURCE_VOCAB = [SOURCE_NAMES[s] for s in range(len(SOURCE_NAMES))]
+
+
+def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns):
+    """(ops, completions) as RowTables over narrow base columns; every output column per row range."""
+    no = len(ops["tsc"])
+    nwc = len(wcb["tsc"])
+    o_compl, o_peer = ops["completion"], ops["peer_completion"]
+    c_proc, c_tsc, c_op = wcb["process"], wcb["tsc"], wcb["op_id"]
+
+    def c_ns_at(idx):           # ns of completions idx (>= 0), -1 elsewhere
+        ok = idx >= 0
+        res = np.full(len(idx), -1, np.int64)
+        if ok.any() and nwc:
+            j = idx[ok]
+            res[ok] = to_ns(c_proc[j], c_tsc[j])
+        return res
+
+    # per-QP destination columns (QP count, not op count), each with a sentinel "no QP" entry at index nqp
+    nqp = len(remote)
+    ok_q = remote >= 0
+    dqc_q = np.maximum(remote, 0)
+    dp_q = np.where(ok_q, q_proc[dqc_q], -1) if nqp else np.zeros(0, np.int64)
+    ext = lambda v, fill=-1: np.append(np.asarray(v), fill)
+    per_q = dict(dst_qp_id=ext(remote), dst_process=ext(dp_q), matched=ext(ok_q, False),
+                 dst_qpn=ext(np.where(ok_q, q_qpn[dqc_q], -1) if nqp else []),
+                 dst_node=ext(np.where(ok_q, proc_node[np.maximum(dp_q, 0)], -1) if nqp else []),
+                 dst_rank=ext(np.where(ok_q, ranks[np.maximum(dp_q, 0)], -1) if nqp else []),
+                 dst_gpu=ext(np.where(ok_q, q_gpu[dqc_q], -1) if nqp else []))
+    per_q = {k: v.astype(bool if k == "matched" else np.int64) for k, v in per_q.items()}
+    q_qpn_x = ext(q_qpn).astype(np.int64)
+
+    def ops_rows(sel, names, labels=False):
+        want = set(names)
+        r = {}
+        for c in ("source", "process", "thread", "qp_id", "tsc", "opcode", "bytes", "raddr", "rkey", "wr_id",
+                  "num_wr", "doorbell_id", "wqe_id", "signaled", "gpu"):
+            if c in want:
+                r[c] = ops[c][sel].astype(_OUT_DT[c], copy=False)
+        p = ops["process"][sel].astype(np.int64)
+        n = len(p)
+        if "op_id" in want:
+            r["op_id"] = sel_ids(sel, no)
+        if "node" in want:
+            r["node"] = proc_node[p]
+        if "rank" in want:
+            r["rank"] = ranks[p]
+        q = ops["qp_id"][sel]
+        noq = q < 0                                  # UCX / libfabric ops: no QP, peer process in dst_proc
+        anyq = bool(noq.any()) if n else False
+        if anyq:
+            q = np.where(noq, nqp, q)                 # the sentinel entry (-1 / False) after the last QP
+        if "qpn" in want:
+            r["qpn"] = q_qpn_x[q] if n else np.zeros(0, np.int64)
+        if want & {"dst_qp_id", "dst_qpn", "dst_process", "dst_node", "dst_rank", "dst_gpu", "matched"}:
+            for c in ("dst_qp_id", "dst_qpn", "dst_process", "dst_node", "dst_rank", "dst_gpu", "matched"):
+                if c in want:
+                    r[c] = per_q[c][q] if n else np.zeros(0, bool if c == "matched" else np.int64)
+            if anyq:
+                dp = ops["dst_proc"][sel].astype(np.int64)
+                ok = noq & (dp >= 0)
+                dpc = np.maximum(dp, 0)
+                for c, v in (("dst_process", dp), ("dst_node", proc_node[dpc]), ("dst_rank", ranks[dpc])):
+                    if c in want:
+                        r[c] = np.where(noq, np.where(ok, v, -1), r[c])
+                if "matched" in want:
+                    r["matched"] = np.where(noq, ok, r["matched"])
+        code = ops["opcode"][sel]
+        if "opcode_name" in want:
+            lab = Labels(code.astype(np.int64) & 0xFF, OPCODE_VOCAB)
+            r["opcode_name"] = lab if labels else lab.objects()
+        if "source_name" in want:
+            lab = Labels(ops["source"][sel], SOURCE_VOCAB)
+            r["source_name"] = lab if labels else lab.objects()
+        if "is_read" in want:
+            r["is_read"] = np.isin(code, READ_OPS)
+        if want & {"ns", "complete_ns", "latency_ns", "peer_ns"}:
+            ns = to_ns(p, ops["tsc"][sel])
+            oc = o_compl[sel]
+            cns = c_ns_at(oc)
+            r["ns"] = ns
+            r["complete_ns"] = cns
+            r["latency_ns"] = np.where(oc >= 0, cns - ns, -1)
+            r["peer_ns"] = c_ns_at(o_peer[sel])
+        if "peer_completion" in want:
+            r["peer_completion"] = o_peer[sel].astype(np.int64)
+        if "completion" in want:
+            r["completion"] = o_compl[sel].astype(np.int64)
+        return {k: r[k] for k in names}
+
+    def comp_rows(sel, names, labels=False):
+        want = set(names)
+        r = {}
+        p = c_proc[sel].astype(np.int64)
+        n = len(p)
+        if "completion_id" in want:
+            r["completion_id"] = sel_ids(sel, nwc)
+        r["process"] = p
+        if "node" in want:
+            r["node"] = proc_node[p] if n else np.zeros(0, np.int64)
+        for c in ("thread", "qp_id", "qpn", "wr_id", "status", "wc_opcode", "byte_len", "is_recv", "tsc", "op_id"):
+            if c in want:
+                r[c] = wcb[c][sel].astype(_OUT_DT.get(c, np.int64) if c != "tsc" else np.uint64, copy=False)
+        if want & {"ns", "latency_ns"}:
+            ns = to_ns(p, c_tsc[sel])
+            r["ns"] = ns
+            co = c_op[sel]
+            m = (co >= 0) & ~wcb["is_recv"][sel]
+            lat = np.full(n, -1, np.int64)
+            if m.any():
+                j = co[m]
+                lat[m] = ns[m] - to_ns(ops["process"][j], ops["tsc"][j])
+            r["latency_ns"] = lat
+        return {k: r[k] for k in names}
+
+    return (RowTable(no, OPS_COLUMNS, ops_rows, base=ops), RowTable(nwc, COMPLETION_COLUMNS, comp_rows, base=wcb))
+
+
+def _sort_by_key_time(k, t):
+    """np.lexsort((t, k)) — cheaper when rows are already in time order inside each key group (records come
+    in file order, so usually they are): one stable sort by key, checked, lexsort only if needed."""
+    o = np.argsort(k, kind="stable")
+    sk = k[o]
+    st = np.asarray(t)[o]
+    if len(o) < 2 or not np.any((st[1:] < st[:-1]) & (sk[1:] == sk[:-1])):
+        return o
+    return np.lexsort((t, k))
+
+
+def match_kth(ka, ta, kb, tb, pool=None):
+    """Pair the k-th row (time order) of each key group on side a with the k-th of the same key on side b.
+
+    Returns (index in a, index in b).  Two stable sorts and a searchsorted: no structured-row set ops.
+    ``pool``: a thread pool that sorts side b while this thread sorts side a."""
+    ka = np.asarray(ka, np.int64)
+    kb = np.asarray(kb, np.int64)
+    if not len(ka) or not len(kb):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    fb = pool.submit(_sort_by_key_time, kb, tb) if pool is not None else None
+    oa = _sort_by_key_time(ka, ta)
+    ska = ka[oa]
+    kern = _kernel.get()
+    if kern is not None:    # one linear merge of the two sorted sides (C): same pairs, same order
+        ob = fb.result() if fb is not None else _sort_by_key_time(kb, tb)
+        ia, ib = kern.match_sorted(ska, kb[ob])
+        return oa[ia], ob[ib]
+    n = len(ska)
+    starts = np.flatnonzero(group_starts(ska))
+    ra = np.arange(n, dtype=np.int64)
+    ra -= np.repeat(starts, np.diff(np.append(starts, n)))      # rank of each row inside its key group
+    del starts
+    ob = fb.result() if fb is not None else _sort_by_key_time(kb, tb)
+    skb = kb[ob]
+    j = np.searchsorted(skb, ska, "left")
+    j += ra
+    del ra
+    ok = j < np.searchsorted(skb, ska, "right")
+    del ska, skb
+    return oa[ok], ob[j[ok]]

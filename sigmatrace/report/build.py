@@ -1,0 +1,120 @@
+"""``build_report``: correlate a capture and write the report directory (Perfetto trace, summary.json,
+Parquet tables, figures).  The layer above the exporters, queries and analyses; the CLI's ``report``
+and ``query`` commands call it."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from .. import analysis as A
+from ..correlate import correlate
+from ..export import write_perfetto
+from ..format.reader import capture_files
+from ..query import connect
+from ..tables import write_tables
+from .summary import build_summary, write_summary
+
+
+class _Progress:
+    """tqdm bars on a terminal, nothing otherwise (or when quiet)."""
+
+    def __init__(self, quiet, total_files):
+        self.quiet = quiet or not sys.stderr.isatty()
+        self.bar = None
+        self.total = total_files
+        self.stage = None
+
+    def __call__(self, stage, n=0):
+        if self.quiet:
+            return
+        from tqdm import tqdm
+        if stage != self.stage:
+            if self.bar is not None:
+                self.bar.close()
+            self.stage = stage
+            self.bar = tqdm(total=self.total if stage == "decode" else None, desc=stage, unit="file" if stage == "decode" else "",
+                            leave=False, file=sys.stderr)
+        if n:
+            self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=False, clock_refine="auto",
+                 max_perfetto_events=500_000, batch_records=None):
+    """Correlate ``capture`` and write the report into ``out``; returns (Correlated, summary, timings).
+
+    ``batch_records``: records decoded / written at a time (bounded memory; default
+    ``decode.DEFAULT_BATCH_RECORDS``).  The events table is streamed from the capture into
+    ``tables/events/part-*.parquet`` by the worker processes (one row group per batch) and never held whole
+    in memory; the per-operation tables are written in row ranges."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = capture_files(capture)
+    prog = _Progress(quiet, len(files))
+    timings = {}
+    t = time.perf_counter()
+    try:
+        kw = {"batch_records": batch_records} if batch_records else {}
+        corr = correlate(capture, workers=workers, clock_refine=clock_refine, progress=prog, **kw)
+    finally:
+        prog.close()
+    timings["correlate_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    write_tables(corr, out / "tables", progress=(lambda n: prog("tables", 1)) if not prog.quiet else None,
+                 collect_host=max_perfetto_events if perfetto else None)
+    prog.close()
+    timings["tables_s"] = time.perf_counter() - t
+    pstats = None
+    if perfetto:
+        t = time.perf_counter()
+        prog("perfetto", 0)
+        pstats = write_perfetto(corr, out / "trace.pftrace", max_events=max_perfetto_events)
+        prog.close()
+        timings["perfetto_s"] = time.perf_counter() - t
+        if pstats.get("truncated") and pstats.get("window_end_ns") is None:
+            corr.warnings.append("Perfetto trace holds no events (--max-perfetto-events 0); the Parquet tables hold "
+                                 "everything")
+        elif pstats.get("truncated"):
+            corr.warnings.append(f"Perfetto trace holds the first {max_perfetto_events:,} events of the run (all "
+                                 f"processes, host calls, doorbells and operations up to "
+                                 f"{pstats.get('window_end_ns')} ns; --max-perfetto-events); the Parquet tables "
+                                 f"hold everything")
+    t = time.perf_counter()
+    con = connect(out)   # the written Parquet tables: the same views `sigmatrace query` sees
+    summary = build_summary(corr, con, pstats)
+    summary["timings_s"] = timings
+    write_summary(summary, out / "summary.json")
+    timings["summary_s"] = time.perf_counter() - t
+    if figures:
+        t = time.perf_counter()
+        try:
+            _figures(con, out / "figures")
+        except Exception as e:  # figures are a convenience: never lose the report for them
+            corr.warnings.append(f"figures not drawn: {e}")
+        timings["figures_s"] = time.perf_counter() - t
+    return corr, summary, timings
+
+
+def _figures(con, fig_dir):
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for level in ("node", "rank", "gpu"):
+        labels, m, _ = A.comm_matrix(con, level)
+        if len(labels) and m.any():
+            written += A.heatmap(labels, m, str(fig_dir / f"matrix_{level}"), title=f"{level.upper()}-level traffic")
+    span = con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0] or 0
+    bin_ns = max(1000, int(span // 200) + 1)
+    for level, key, lab in (("gpu", "gpu", "label"), ("node", "node", "label")):
+        rows = A.bandwidth(con, level, bin_ns)
+        if rows:
+            written += A.bandwidth_figure(rows, key, lab, str(fig_dir / f"bandwidth_{level}"),
+                                          f"Egress bandwidth per {level} (bin {bin_ns / 1e3:.0f} µs)")
+    _, arrivals = A.barrier_report(con)
+    if arrivals:
+        written += A.barrier_figure(arrivals, str(fig_dir / "barriers"))
+    return written
