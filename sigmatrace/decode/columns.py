@@ -22,7 +22,6 @@ per-event Python: each batch is a handful of vector operations.
 """
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import struct
@@ -33,7 +32,7 @@ import numpy as np
 from ..errors import TraceFormatError
 from ..format import events as E
 from ..format import layout as L
-from ..format.reader import iter_chunks
+from ..format.reader import iter_chunks, json_chunk, side_json, side_prm, side_wqe
 from . import kernel as _kernel
 from .types import CORRELATOR_TYPE_LUT, DEFAULT_BATCH_RECORDS, TYPE_COLUMNS
 
@@ -128,16 +127,18 @@ class FileDecode:
     records: int = 0
 
 
-def _json(payload, path, off, warnings):
+def _json(payload, path, off, kind, warnings):
+    """A PROCESS / THREAD / END chunk's object, or None with a warning (``format.reader.json_chunk``'s rule:
+    the same message ``read_capture`` gives)."""
     try:
-        obj = json.loads(bytes(payload).rstrip(b"\0").decode())
-        return obj if isinstance(obj, dict) else None
-    except (ValueError, UnicodeDecodeError) as e:
-        warnings.append(f"{path}: bad JSON chunk at offset {off}: {e}")
+        return json_chunk(payload, path, off, L.CHUNK_KIND_NAMES[kind])
+    except TraceFormatError as e:
+        warnings.append(str(e))
         return None
 
 
 def _sides(proc: ProcDecode, payload, count):
+    """The side records the correlator interprets (format.reader's parsers); a malformed one is counted."""
     p = payload
     pos = 0
     for _ in range(count):
@@ -146,19 +147,12 @@ def _sides(proc: ProcDecode, payload, count):
         pos += 16 + length + L.pad8(length)
         try:
             if kind == L.SIDE_JSON:
-                proc.side_json[sid] = json.loads(data.decode())
+                proc.side_json[sid] = side_json(data, sid)
             elif kind == L.SIDE_PRM_COMMAND:
-                in_len, out_len = struct.unpack_from("<II", data, 0)
-                if 8 + in_len + out_len > len(data):
-                    raise ValueError("PRM lengths exceed the record")
-                proc.side_prm[sid] = (data[8:8 + in_len], data[8 + in_len:8 + in_len + out_len])
+                proc.side_prm[sid] = side_prm(data, sid)
             elif kind == L.SIDE_WQE_BYTES:
-                head = struct.unpack_from("<IHHII", data, 0)
-                body = data[16:]
-                if len(body) != head[2] * 64:
-                    raise ValueError("WQE record length does not match num_wqebb")
-                proc.side_wqe[sid] = (head, body)
-        except (ValueError, UnicodeDecodeError, struct.error):
+                proc.side_wqe[sid] = side_wqe(data, sid)
+        except TraceFormatError:
             proc.side_bad += 1
 
 
@@ -402,7 +396,7 @@ def _meta_chunk(proc, kind, payload, count, thread, offset, out):
     """A non-EVENTS chunk: header, side records, calibration, aggregates, thread info, end (both paths)."""
     path = out.path
     if kind == L.CHUNK_PROCESS:
-        h = _json(payload, path, offset, out.warnings)
+        h = _json(payload, path, offset, kind, out.warnings)
         if h is not None:
             v = h.get("format_version", L.VERSION)
             if v != L.VERSION:
@@ -418,11 +412,11 @@ def _meta_chunk(proc, kind, payload, count, thread, offset, out):
     elif kind == L.CHUNK_AGGREGATE:
         proc._aggs.append((np.frombuffer(payload, L.AGGREGATE_DTYPE, count).copy(), thread))
     elif kind == L.CHUNK_THREAD:
-        t = _json(payload, path, offset, out.warnings)
+        t = _json(payload, path, offset, kind, out.warnings)
         if t is not None:
             proc.threads[thread] = t
     elif kind == L.CHUNK_END:
-        proc.end = _json(payload, path, offset, out.warnings)
+        proc.end = _json(payload, path, offset, kind, out.warnings)
 
 
 def _decode_file_numpy(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:

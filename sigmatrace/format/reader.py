@@ -53,6 +53,50 @@ class Loss:
     reason: str
 
 
+def side_json(data, side_id=None):
+    """The object of a JSON side record; TraceFormatError when it is not JSON."""
+    try:
+        return json.loads(bytes(data).decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TraceFormatError(f"JSON side record {side_id}: {e}") from None
+
+
+_PRM_HEAD = struct.Struct("<II")
+_WQE_HEAD = struct.Struct("<IHHII")
+
+
+def side_prm(data, side_id=None):
+    """(in_bytes, out_bytes) of a PRM_COMMAND side record (docs/format.md)."""
+    if len(data) < _PRM_HEAD.size:
+        raise TraceFormatError(f"PRM side record {side_id}: {len(data)} bytes, shorter than its header")
+    in_len, out_len = _PRM_HEAD.unpack_from(data, 0)
+    if 8 + in_len + out_len > len(data):
+        raise TraceFormatError(f"PRM side record {side_id} lengths exceed its data")
+    return data[8 : 8 + in_len], data[8 + in_len : 8 + in_len + out_len]
+
+
+def side_wqe(data, side_id=None):
+    """((qpn, first_wqe_index, num_wqebb, log_sq_size, flags), WQE bytes) of a WQE_BYTES side record."""
+    if len(data) < _WQE_HEAD.size + 4:
+        raise TraceFormatError(f"WQE side record {side_id}: {len(data)} bytes, shorter than its header")
+    head = _WQE_HEAD.unpack_from(data, 0)
+    body = data[16:]
+    if len(body) != head[2] * 64:
+        raise TraceFormatError(f"WQE side record {side_id}: {len(body)} bytes for {head[2]} WQEBBs")
+    return head, body
+
+
+def json_chunk(payload, path, offset, kind_name):
+    """The object of a PROCESS / THREAD / END chunk; TraceFormatError (path, offset) when it is not one."""
+    try:
+        obj = json.loads(bytes(payload).rstrip(b"\0").decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TraceFormatError(f"bad JSON in {kind_name} chunk: {e}", path, offset) from None
+    if not isinstance(obj, dict):
+        raise TraceFormatError(f"{kind_name} chunk JSON is not an object", path, offset)
+    return obj
+
+
 @dataclass
 class SideRecord:
     side_id: int
@@ -61,24 +105,18 @@ class SideRecord:
     data: bytes
 
     def json(self):
-        return json.loads(self.data.decode())
+        return side_json(self.data, self.side_id)
 
     def text(self):
         return self.data.decode()
 
     def prm(self):
         """(in_bytes, out_bytes) of a PRM_COMMAND record."""
-        in_len, out_len = struct.unpack_from("<II", self.data, 0)
-        if 8 + in_len + out_len > len(self.data):
-            raise TraceFormatError(f"PRM side record {self.side_id} lengths exceed its data")
-        return self.data[8 : 8 + in_len], self.data[8 + in_len : 8 + in_len + out_len]
+        return side_prm(self.data, self.side_id)
 
     def wqe(self):
         """(header dict, WQE bytes) of a WQE_BYTES record."""
-        qpn, first, num, log_sq, flags = struct.unpack_from("<IHHII", self.data, 0)
-        body = self.data[16:]
-        if len(body) != num * 64:
-            raise TraceFormatError(f"WQE side record {self.side_id}: {len(body)} bytes for {num} WQEBBs")
+        (qpn, first, num, log_sq, flags), body = side_wqe(self.data, self.side_id)
         return dict(qpn=qpn, first_wqe_index=first, num_wqebb=num, log_sq_size=log_sq, flags=flags), body
 
 
@@ -129,8 +167,13 @@ def _valid_chunk_at(buf, off) -> bool:
     return (zlib.crc32(buf[off + 32 : off + 32 + plen], zlib.crc32(buf[off : off + 28])) & 0xFFFFFFFF) == crc
 
 
-def _next_valid_chunk(buf, start):
-    raw = buf if isinstance(buf, (bytes, bytearray, mmap.mmap)) else bytes(buf)
+def _searchable(buf):
+    """``buf`` itself when it has ``find``, else one bytes copy (made once per file, not per search)."""
+    return buf if isinstance(buf, (bytes, bytearray, mmap.mmap)) else bytes(buf)
+
+
+def _next_valid_chunk(buf, start, raw=None):
+    raw = _searchable(buf) if raw is None else raw
     pos = start
     while True:
         pos = raw.find(_MAGIC_BYTES, pos)
@@ -192,6 +235,7 @@ def iter_chunks(path, errors="raise", losses=None, data=None, start=0, stop=None
     n = len(buf)
     off = int(start)
     lim = n if stop is None else min(n, int(stop))
+    raw = None          # a searchable view of buf, made on the first resynchronisation
     while off < lim:
         reason = None
         if n - off < L.CHUNK_HEADER_SIZE:
@@ -206,7 +250,8 @@ def iter_chunks(path, errors="raise", losses=None, data=None, start=0, stop=None
         elif plen > L.MAX_PAYLOAD or plen % 8:
             reason = f"impossible payload length {plen}"
         elif end > n:
-            nxt = _next_valid_chunk(buf, off + 1)
+            raw = _searchable(buf) if raw is None else raw
+            nxt = _next_valid_chunk(buf, off + 1, raw)
             if nxt < 0:
                 losses.append(Loss(path, off, n - off, f"truncated chunk ({n - off} of {end - off} bytes)"))
                 return
@@ -221,7 +266,8 @@ def iter_chunks(path, errors="raise", losses=None, data=None, start=0, stop=None
         if reason is not None:
             if errors == "raise":
                 raise _corrupt(path, off, reason)
-            nxt = _next_valid_chunk(buf, off + 1)
+            raw = _searchable(buf) if raw is None else raw
+            nxt = _next_valid_chunk(buf, off + 1, raw)
             skip_to = n if nxt < 0 else nxt
             if stop is not None and skip_to > lim:
                 skip_to = lim
@@ -274,14 +320,15 @@ def _map(path):
         raise TraceFormatError(f"cannot read: {e.strerror or e}", path) from None
 
 
-def _parse_json(chunk):
+def _parse_json(chunk, errors="raise", warnings=None):
+    """A JSON chunk's object; with errors="recover" a bad one is a warning and None (the decoder's rule)."""
     try:
-        obj = json.loads(bytes(chunk.payload).rstrip(b"\0").decode())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TraceFormatError(f"bad JSON in {L.CHUNK_KIND_NAMES[chunk.kind]} chunk: {e}", chunk.path, chunk.offset)
-    if not isinstance(obj, dict):
-        raise TraceFormatError("JSON chunk is not an object", chunk.path, chunk.offset)
-    return obj
+        return json_chunk(chunk.payload, chunk.path, chunk.offset, L.CHUNK_KIND_NAMES[chunk.kind])
+    except TraceFormatError as e:
+        if errors == "raise":
+            raise
+        warnings.append(str(e))
+        return None
 
 
 def _parse_side(chunk):
@@ -398,7 +445,11 @@ class Capture:
 
 
 def read_capture(path_or_paths, errors="raise") -> Capture:
-    """Load one capture (file, directory of process files, or a list)."""
+    """Load one capture (file, directory of process files, or a list).
+
+    errors="raise": corrupt input raises TraceFormatError.  errors="recover": corrupt spans become
+    ``losses`` and a bad JSON chunk (header, thread, end) a warning with its file and offset, as the
+    correlator's decoder treats them (``format.reader.json_chunk`` is the one rule)."""
     cap = Capture()
     cap.paths = capture_files(path_or_paths)
     by_uid = {}
@@ -426,10 +477,15 @@ def read_capture(path_or_paths, errors="raise") -> Capture:
                 owner_path[ch.process_uid] = ch.path
             k = ch.kind
             if k == L.CHUNK_PROCESS:
-                proc.header = _parse_json(ch)
-                v = proc.header.get("format_version", L.VERSION)
-                if v != L.VERSION:
-                    raise TraceFormatError(f"process header says format version {v}", ch.path, ch.offset)
+                h = _parse_json(ch, errors, cap.warnings)
+                if h is not None:
+                    v = h.get("format_version", L.VERSION)
+                    if v != L.VERSION:
+                        if errors == "raise":
+                            raise TraceFormatError(f"process header says format version {v}", ch.path, ch.offset)
+                        cap.warnings.append(f"{ch.path}: process {ch.process_uid:#x} header says format version "
+                                            f"{v}; read as version {L.VERSION}")
+                    proc.header = h
             elif k == L.CHUNK_EVENTS:
                 ev_parts.append(np.frombuffer(ch.payload, L.EVENT_DTYPE, ch.count))
                 ev_proc.append((proc.index, ch.count))
@@ -445,9 +501,11 @@ def read_capture(path_or_paths, errors="raise") -> Capture:
                     (np.frombuffer(ch.payload, L.AGGREGATE_DTYPE, ch.count), ch.thread_index)
                 )
             elif k == L.CHUNK_THREAD:
-                proc.threads[ch.thread_index] = _parse_json(ch)
+                t = _parse_json(ch, errors, cap.warnings)
+                if t is not None:
+                    proc.threads[ch.thread_index] = t
             elif k == L.CHUNK_END:
-                proc.end = _parse_json(ch)
+                proc.end = _parse_json(ch, errors, cap.warnings)
     if ev_parts:
         cap.events = np.concatenate(ev_parts)
         counts = np.fromiter((c for _, c in ev_proc), np.int64, len(ev_proc))
