@@ -19,18 +19,18 @@ void hijack_cfg_load(void)
 {
 	if (hijack_cfg.loaded)
 		return;
-	hijack_cfg.mode = HJ_GUARDED;
+	hijack_cfg.mode = HIJACK_GUARDED;
 	const char *v = getenv("SIGMATRACE_HIJACK_MODE");
 	if (v && *v) {
-		for (int i = 0; i < HJ_NMODES; i++)
+		for (int i = 0; i < HIJACK_NMODES; i++)
 			if (!strcmp(v, hijack_mode_names[i]))
 				hijack_cfg.mode = i;
 		if (!strcmp(v, "0") || !strcmp(v, "none"))
-			hijack_cfg.mode = HJ_OFF;
+			hijack_cfg.mode = HIJACK_OFF;
 	}
 	v = getenv("SIGMATRACE_HIJACK");
 	if (v && !strcmp(v, "0"))
-		hijack_cfg.mode = HJ_OFF;
+		hijack_cfg.mode = HIJACK_OFF;
 	hijack_cfg.spin_us = 50;
 	v = getenv("SIGMATRACE_POLLER_SPIN_US");
 	if (v && *v)

@@ -61,8 +61,8 @@ uint64_t st_hijack_cpu_proxy_of_real(uint64_t host)
 /* Watch register offset off of a CPU-proxy page, and the other half of its
  * BlueFlame pair (writers that alternate -- rdma-core, UCX -- ring reg and
  * reg ^ 0x100), both rung by owner (a verbs QPN, 0 for a DevX UAR).  Under
- * lock; the poller picks new offsets up at its next scan (noffs is published
- * last).  0 if the watch list cannot take the register itself. */
+ * hijack_lock; the poller picks new offsets up at its next scan (noffs is
+ * published last).  0 if the watch list cannot take the register itself. */
 int hijack_watch_offset(struct page *pg, uint16_t off, uint32_t owner)
 {
 	uint16_t want[2] = {off, (uint16_t)(off ^ 0x100)};
@@ -105,11 +105,12 @@ static int cpu_doorbells_on(void)
 	hijack_cfg_load();
 	/* The GPU side needs the CUDA wrappers (they translate the proxy address);
 	 * without them an IOMEMORY registration of the proxy would fail. */
-	return hijack_cfg.cpu_doorbells && hijack_cfg.mode != HJ_OFF && st_provider_on(ST_PROV_CUDA);
+	return hijack_cfg.cpu_doorbells && hijack_cfg.mode != HIJACK_OFF && st_provider_on(ST_PROV_CUDA);
 }
 
 /* A new CPU-proxy page for real page pgaddr with register off watched and its
- * poller started; the register's proxy address, NULL on failure (lock held). */
+ * poller started; the register's proxy address, NULL on failure (hijack_lock
+ * held). */
 static void *cpu_page_new(uintptr_t pgaddr, uint16_t off, uint32_t page_id, void *ctx, int verbs, uint32_t owner)
 {
 	struct page *pg = NULL;
@@ -139,14 +140,11 @@ static void *cpu_page_new(uintptr_t pgaddr, uint16_t off, uint32_t page_id, void
 	pg->gpu = -1;
 	hijack_watch_offset(pg, off, owner);
 	/* A core from SIGMATRACE_POLLER_CPUS only once the page is rung (see
-	 * poller_main): unused UARs (a CQ's, an idle peer's) must not take the
+	 * poller_install): unused UARs (a CQ's, an idle peer's) must not take the
 	 * cores meant for the doorbells that are. */
 	pg->cpu = -1;
 	pg->live = 1;
-	if (!hijack_exit_hook) {
-		hijack_exit_hook = 1;
-		atexit(hijack_at_exit_hook);
-	}
+	hijack_hook_exit();
 	if (pthread_create(&pg->thr, NULL, hijack_poller, pg) != 0) {
 		pg->live = 0;
 		munmap(pg->proxy, PAGE_SZ);
@@ -178,7 +176,7 @@ ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page
 	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
 	if (!cpu_doorbells_on() || !reg_addr || (reg & 7))
 		return NULL;
-	pthread_once(&hijack_fork_once, hijack_fork_register);
+	hijack_hook_fork();
 	pthread_mutex_lock(&hijack_lock);
 	void *out = NULL;
 	int watched = 0;
@@ -204,7 +202,7 @@ ST_EXPORT void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
 	uint16_t off = (uint16_t)(reg & (PAGE_SZ - 1));
 	if (!cpu_doorbells_on() || !reg_addr || (reg & 7) || !ctx || !qpn)
 		return NULL;
-	pthread_once(&hijack_fork_once, hijack_fork_register);
+	hijack_hook_fork();
 	pthread_mutex_lock(&hijack_lock);
 	void *out = NULL;
 	struct page *pg = NULL;

@@ -48,7 +48,7 @@
 #define PAGE_SZ 4096u
 
 /* ---- configuration (config.c) ------------------------------------------- */
-enum hj_mode { HJ_OFF = 0, HJ_FORWARD, HJ_BLOCKING, HJ_NONBLOCKING, HJ_SYNC, HJ_GUARDED, HJ_NMODES };
+enum hijack_mode { HIJACK_OFF = 0, HIJACK_FORWARD, HIJACK_BLOCKING, HIJACK_NONBLOCKING, HIJACK_SYNC, HIJACK_GUARDED, HIJACK_NMODES };
 extern const char *const hijack_mode_names[] ST_HIDDEN;
 
 struct hijack_config {
@@ -104,7 +104,7 @@ extern struct reg_rec hijack_regs[MAX_REGS] ST_HIDDEN;
 /* The record of QP qpn (lock-free readers); with create, the empty slot
  * where it goes.  NULL: not found / table full. */
 struct qp_rec *hijack_qp_slot(uint32_t qpn, int create) ST_HIDDEN;
-/* The SQ of a QP as (address, is-GPU); under lock. */
+/* The SQ of a QP as (address, is-GPU); under hijack_lock. */
 int hijack_qp_sq(const struct qp_rec *q, uintptr_t *sq, int *gpu) ST_HIDDEN;
 
 /* ---- proxy pages and pollers ---------------------------------------------- */
@@ -211,14 +211,15 @@ void hijack_poller_teardown_cuda(struct page *pg) ST_HIDDEN;
 
 /* ---- the poller thread (poller.c) ----------------------------------------- */
 void *hijack_poller(void *arg) ST_HIDDEN;
+/* The core of SIGMATRACE_POLLER_CPUS for the next poller (round robin), -1: none. */
+int hijack_next_poller_cpu(void) ST_HIDDEN;
 
 /* ---- proxy pages (page.c) ------------------------------------------------- */
 extern struct page hijack_pages[MAX_PAGES] ST_HIDDEN;
-extern int hijack_exit_hook ST_HIDDEN;
-extern int hijack_poller_seq ST_HIDDEN;
-extern pthread_once_t hijack_fork_once ST_HIDDEN;
-void hijack_fork_register(void) ST_HIDDEN;
-void hijack_at_exit_hook(void) ST_HIDDEN;
+/* Process exit stops the pollers (atexit, once; caller holds hijack_lock). */
+void hijack_hook_exit(void) ST_HIDDEN;
+/* A forked child forgets the parent's pages (pthread_atfork, once). */
+void hijack_hook_fork(void) ST_HIDDEN;
 /* Stop pg's poller (a last scan, joined) and unmap its proxy; caller holds
  * hijack_lock, which is dropped while joining. */
 void hijack_stop_page(struct page *pg) ST_HIDDEN;

@@ -15,12 +15,11 @@
 #include "hijack_private.h"
 
 struct page hijack_pages[MAX_PAGES];
-int hijack_exit_hook;
-int hijack_poller_seq;
+static int exit_hook;
 
 void hijack_stop_page(struct page *pg)
 {
-	/* caller holds lock */
+	/* caller holds hijack_lock */
 	if (!pg->live)
 		return;
 	pg->live = 0;
@@ -47,7 +46,7 @@ void hijack_stop_page(struct page *pg)
 }
 
 /* Process exit, CPU-doorbell page: summary and flush now, but keep
- * forwarding until the process is gone (caller holds lock). */
+ * forwarding until the process is gone (caller holds hijack_lock). */
 static void quiesce_page(struct page *pg)
 {
 	if (!pg->live || !pg->thr_started || __atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
@@ -63,7 +62,7 @@ static void quiesce_page(struct page *pg)
 
 /* A device pointer for a CPU-doorbell page: register a second proxy page
  * (the GPU's) with the driver; the page's poller watches it too (caller
- * holds lock).  0 on success. */
+ * holds hijack_lock).  0 on success. */
 static int gpu_attach(struct page *pg, const struct st_cudrv *d)
 {
 	if (pg->proxy_dev)
@@ -99,7 +98,7 @@ static int gpu_attach(struct page *pg, const struct st_cudrv *d)
 
 /* The application unregisters the UAR from the driver: the GPU part of a
  * CPU-doorbell page goes (last values forwarded, copies drained, CUDA
- * objects released), the CPU part stays (caller holds lock). */
+ * objects released), the CPU part stays (caller holds hijack_lock). */
 static void gpu_detach(struct page *pg)
 {
 	if (!pg->proxy_dev)
@@ -137,9 +136,17 @@ void st_hijack_shutdown(void)
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-void hijack_at_exit_hook(void)
+static void at_exit_hook(void)
 {
 	st_hijack_shutdown();
+}
+
+void hijack_hook_exit(void)
+{
+	if (!exit_hook) {
+		exit_hook = 1;
+		atexit(at_exit_hook); /* registered after the core's: runs before it */
+	}
 }
 
 ST_EXPORT void st_hijack_forget_uar(void *reg_addr)
@@ -176,22 +183,30 @@ void st_hijack_on_unregister(void *p)
 	pthread_mutex_unlock(&hijack_lock);
 }
 
+/* d inside a live page's device-pointer range (the proxy's, to_real; else
+ * the real one's) maps to the same offset of the other; anything else is d.
+ * Lock-free: the CUDA wrappers call it on every pointer query. */
+static uint64_t translate_dev(uint64_t d, int to_real)
+{
+	for (int i = 0; i < MAX_PAGES; i++) {
+		const struct page *pg = &hijack_pages[i];
+		if (!pg->live)
+			continue;
+		uint64_t from = to_real ? pg->proxy_dev : pg->real_dev, to = to_real ? pg->real_dev : pg->proxy_dev;
+		if (from && to && d >= from && d < from + PAGE_SZ)
+			return to + (d - from);
+	}
+	return d;
+}
+
 uint64_t st_hijack_real_of_proxy(uint64_t d)
 {
-	for (int i = 0; i < MAX_PAGES; i++)
-		if (hijack_pages[i].live && hijack_pages[i].proxy_dev && hijack_pages[i].real_dev && d >= hijack_pages[i].proxy_dev &&
-		    d < hijack_pages[i].proxy_dev + PAGE_SZ)
-			return hijack_pages[i].real_dev + (d - hijack_pages[i].proxy_dev);
-	return d;
+	return translate_dev(d, 1);
 }
 
 uint64_t st_hijack_proxy_of_real(uint64_t d)
 {
-	for (int i = 0; i < MAX_PAGES; i++)
-		if (hijack_pages[i].live && hijack_pages[i].real_dev && hijack_pages[i].proxy_dev && d >= hijack_pages[i].real_dev &&
-		    d < hijack_pages[i].real_dev + PAGE_SZ)
-			return hijack_pages[i].proxy_dev + (d - hijack_pages[i].real_dev);
-	return d;
+	return translate_dev(d, 0);
 }
 
 /* ---- fork ----------------------------------------------------------------------------
@@ -231,19 +246,24 @@ static void fork_child(void)
 	 * would into the real UAR (VM_DONTCOPY); cpumap stays, so that a free
 	 * there puts the real reg_addr back */
 }
-pthread_once_t hijack_fork_once = PTHREAD_ONCE_INIT;
-void hijack_fork_register(void)
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void fork_register(void)
 {
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+void hijack_hook_fork(void)
+{
+	pthread_once(&fork_once, fork_register);
 }
 
 uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 {
 	*hijacked = 0;
 	hijack_cfg_load();
-	if (hijack_cfg.mode == HJ_OFF)
+	if (hijack_cfg.mode == HIJACK_OFF)
 		return real_dptr;
-	pthread_once(&hijack_fork_once, hijack_fork_register); /* before the first poller; outside the lock */
+	hijack_hook_fork(); /* before the first poller; outside the lock */
 	uintptr_t a = (uintptr_t)p, pgaddr = a & ~(uintptr_t)(PAGE_SZ - 1);
 	const struct st_cudrv *d = drv();
 	if (!d || !d->MemHostRegister || !d->MemHostGetDevicePointer)
@@ -347,12 +367,9 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 	int dev = 0;
 	if (d->CtxGetDevice && d->CtxGetDevice(&dev) == 0)
 		pg->gpu = dev;
-	pg->cpu = hijack_cfg.ncpus ? hijack_cfg.cpus[__atomic_fetch_add(&hijack_poller_seq, 1, __ATOMIC_RELAXED) % hijack_cfg.ncpus] : -1;
+	pg->cpu = hijack_next_poller_cpu();
 	pg->live = 1;
-	if (!hijack_exit_hook) {
-		hijack_exit_hook = 1;
-		atexit(hijack_at_exit_hook); /* registered after the core's: runs before it */
-	}
+	hijack_hook_exit();
 	if (pthread_create(&pg->thr, NULL, hijack_poller, pg) == 0)
 		pg->thr_started = 1;
 	else {

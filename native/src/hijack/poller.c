@@ -19,6 +19,13 @@
 static void poller_sync(struct page *pg);
 static void poller_install(struct page *pg);
 
+static int poller_seq; /* pollers given a core so far */
+
+int hijack_next_poller_cpu(void)
+{
+	return hijack_cfg.ncpus ? hijack_cfg.cpus[__atomic_fetch_add(&poller_seq, 1, __ATOMIC_RELAXED) % hijack_cfg.ncpus] : -1;
+}
+
 /* guarded mode: the uncopied span (WQEBBs) at which a doorbell waits for the copies */
 static inline uint32_t guard_wqebb(const struct qpstate *s)
 {
@@ -44,7 +51,7 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 	if (!pg->installed)
 		poller_install(pg);
 	int mode = hijack_cfg.mode;
-	struct qpstate *s = mode == HJ_FORWARD ? NULL : hijack_page_qp(pg, qpn);
+	struct qpstate *s = mode == HIJACK_FORWARD ? NULL : hijack_page_qp(pg, qpn);
 	uint32_t delta = 0, first = 0;
 	int recover = 0;
 	if (s) {
@@ -61,9 +68,9 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 			pg->unknown_qp++;
 		s->pi += delta;
 	}
-	if (recover && (mode == HJ_SYNC || mode == HJ_BLOCKING)) {
+	if (recover && (mode == HIJACK_SYNC || mode == HIJACK_BLOCKING)) {
 		hijack_issue_copy(pg, s, first, delta);
-		if (mode == HJ_SYNC || pg->batch_wqebb >= st_cfg.batch_threshold) {
+		if (mode == HIJACK_SYNC || pg->batch_wqebb >= st_cfg.batch_threshold) {
 			/* paper's mode: a threshold-crossing doorbell waits for the copy */
 			hijack_close_batch(pg);
 			hijack_drain(pg, 1);
@@ -72,11 +79,11 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 	/* A host-memory SQ (CPU writers, F24d) is copied with a plain memcpy:
 	 * done before the forward in every recovering mode, so the NIC cannot
 	 * complete, nor the application reuse, a slot before it is copied. */
-	int pre = recover && !s->gpu && (mode == HJ_NONBLOCKING || mode == HJ_GUARDED);
+	int pre = recover && !s->gpu && (mode == HIJACK_NONBLOCKING || mode == HIJACK_GUARDED);
 	if (pre)
 		hijack_issue_copy(pg, s, first, delta);
 	int held = 0;
-	if (recover && mode == HJ_GUARDED && !pre) {
+	if (recover && mode == HIJACK_GUARDED && !pre) {
 		/* Forward first, as nonblocking, unless the WQEBBs announced but not
 		 * yet copied span a large part of the SQ: only then can the
 		 * application lap the ring before the copy lands (a slot is reused
@@ -111,13 +118,13 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 	if (st_full())
 		st_ev(ST_EV_DB_FORWARD, pi16, qpn, t_obs);
 	pg->seen++;
-	if (recover && mode == HJ_NONBLOCKING) {
+	if (recover && mode == HIJACK_NONBLOCKING) {
 		if (!pre)
 			hijack_issue_copy(pg, s, first, delta);
 		if (pg->batch_wqebb >= st_cfg.batch_threshold)
 			hijack_close_batch(pg);
 		hijack_drain(pg, 0);
-	} else if (recover && mode == HJ_GUARDED && !held) {
+	} else if (recover && mode == HIJACK_GUARDED && !held) {
 		if (!pre)
 			hijack_issue_copy(pg, s, first, delta);
 		/* close batches early enough that completions are known well before
@@ -149,7 +156,7 @@ static void poller_install(struct page *pg)
 		return;
 	pg->installed = 1;
 	if (pg->cpuproxy) { /* always on the poller thread: take a core now that the page is used */
-		pg->cpu = hijack_cfg.ncpus ? hijack_cfg.cpus[__atomic_fetch_add(&hijack_poller_seq, 1, __ATOMIC_RELAXED) % hijack_cfg.ncpus] : -1;
+		pg->cpu = hijack_next_poller_cpu();
 		pin_self(pg);
 	}
 	st_ensure_active();
@@ -169,7 +176,7 @@ static void poller_install(struct page *pg)
 	st_json_uint(&j, "batch_threshold", st_cfg.batch_threshold);
 	st_json_bool(&j, "async_copy", pg->stream != NULL);
 	st_json_bool(&j, "double_copy", hijack_cfg.double_copy);
-	if (hijack_cfg.mode == HJ_GUARDED)
+	if (hijack_cfg.mode == HIJACK_GUARDED)
 		st_json_uint(&j, "guard_pct", (uint64_t)hijack_cfg.guard_pct);
 	if (pg->cpuproxy) {
 		st_json_bool(&j, "cpu_doorbells", 1);
@@ -317,7 +324,7 @@ void *hijack_poller(void *arg)
 		}
 		/* idle: finish completed copies first (never blocks) */
 		if (pg->pend_head != pg->pend_tail) {
-			if (pg->batch_wqebb && (hijack_cfg.mode == HJ_NONBLOCKING || hijack_cfg.mode == HJ_GUARDED))
+			if (pg->batch_wqebb && (hijack_cfg.mode == HIJACK_NONBLOCKING || hijack_cfg.mode == HIJACK_GUARDED))
 				hijack_close_batch(pg);
 			hijack_drain(pg, 0);
 		}

@@ -12,6 +12,16 @@
 
 #include "hijack_private.h"
 
+/* s follows record q (its SQ looked up under hijack_lock: umems change). */
+static void qpstate_load(struct qpstate *s, const struct qp_rec *q)
+{
+	pthread_mutex_lock(&hijack_lock);
+	s->gen = q->gen;
+	s->log_sq = q->log_sq;
+	s->have_sq = hijack_qp_sq(q, &s->sq, &s->gpu) == 0;
+	pthread_mutex_unlock(&hijack_lock);
+}
+
 struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn)
 {
 	for (int i = 0; i < pg->nqs; i++)
@@ -20,20 +30,12 @@ struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn)
 			struct qp_rec *q = hijack_qp_slot(qpn, 0);
 			if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE) && q->gen != s->gen) {
 				/* QP recreated with the same number: start over */
-				pthread_mutex_lock(&hijack_lock);
-				s->gen = q->gen;
 				s->pi = 0;
-				s->log_sq = q->log_sq;
-				s->have_sq = hijack_qp_sq(q, &s->sq, &s->gpu) == 0;
-				pthread_mutex_unlock(&hijack_lock);
+				qpstate_load(s, q);
 			} else if (s->have_sq && (!q || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE))) {
 				s->have_sq = 0; /* forgotten (QP destroyed): its SQ may be freed */
 			} else if (!s->have_sq && q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE)) {
-				pthread_mutex_lock(&hijack_lock);
-				s->gen = q->gen;
-				s->log_sq = q->log_sq;
-				s->have_sq = hijack_qp_sq(q, &s->sq, &s->gpu) == 0;
-				pthread_mutex_unlock(&hijack_lock);
+				qpstate_load(s, q);
 			}
 			return s;
 		}
@@ -43,13 +45,8 @@ struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn)
 	memset(s, 0, sizeof *s);
 	s->qpn = qpn;
 	struct qp_rec *q = hijack_qp_slot(qpn, 0);
-	if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE)) {
-		pthread_mutex_lock(&hijack_lock);
-		s->gen = q->gen;
-		s->log_sq = q->log_sq;
-		s->have_sq = hijack_qp_sq(q, &s->sq, &s->gpu) == 0;
-		pthread_mutex_unlock(&hijack_lock);
-	}
+	if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE))
+		qpstate_load(s, q);
 	return s;
 }
 
@@ -246,7 +243,7 @@ void hijack_poller_stage_alloc(struct page *pg)
 void hijack_poller_attach_cuda(struct page *pg)
 {
 	const struct st_cudrv *d = drv();
-	if (pg->cuda_on || !pg->stage || !d || !pg->cuctx || hijack_cfg.mode == HJ_FORWARD)
+	if (pg->cuda_on || !pg->stage || !d || !pg->cuctx || hijack_cfg.mode == HIJACK_FORWARD)
 		return;
 	pg->cuda_on = 1;
 	if (d->CtxSetCurrent(pg->cuctx) != 0)

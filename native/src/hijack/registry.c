@@ -112,7 +112,7 @@ ST_EXPORT void st_hijack_forget_qp(uint32_t qpn)
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-/* The SQ of a QP as (address, is-GPU); under lock. */
+/* The SQ of a QP as (address, is-GPU); under hijack_lock. */
 int hijack_qp_sq(const struct qp_rec *q, uintptr_t *sq, int *gpu)
 {
 	for (int i = 0; i < MAX_UMEMS; i++)
