@@ -26,6 +26,19 @@ int hijack_next_poller_cpu(void)
 	return hijack_cfg.ncpus ? hijack_cfg.cpus[__atomic_fetch_add(&poller_seq, 1, __ATOMIC_RELAXED) % hijack_cfg.ncpus] : -1;
 }
 
+/* Forward doorbell value v to the real UAR register: the exact value in one
+ * 64-bit store, as the writer made it, then flushed out so that it reaches
+ * the NIC now and as a write of its own (never merged with the next one on
+ * a write-combining BlueFlame mapping).  The barrier before it keeps
+ * whatever the WQEs' writers published ahead of the doorbell, as rdma-core
+ * does before every doorbell. */
+static inline void forward_doorbell(volatile uint64_t *real, uint64_t v)
+{
+	udma_to_device_barrier();
+	*real = v;
+	mmio_flush_writes();
+}
+
 /* guarded mode: the uncopied span (WQEBBs) at which a doorbell waits for the copies */
 static inline uint32_t guard_wqebb(const struct qpstate *s)
 {
@@ -102,9 +115,7 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 			held = 1;
 		}
 	}
-	/* forward the exact value: one 64-bit store, then flush it out */
-	*real = v;
-	store_fence();
+	forward_doorbell(real, v);
 	/* record at the observation time */
 	struct st_event *e = st_reserve(1);
 	if (e) {
@@ -260,8 +271,7 @@ static void forward_only(struct page *pg)
 				uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
 				if (v != last[k]) {
 					last[k] = v;
-					*(volatile uint64_t *)(pg->page + pg->offs[k]) = v;
-					store_fence();
+					forward_doorbell((volatile uint64_t *)(pg->page + pg->offs[k]), v);
 					n++;
 				}
 			}
