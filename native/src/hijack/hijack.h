@@ -1,14 +1,19 @@
 /* sigmatrace — GPU doorbell hijack (F8) and WQE recovery (F9, F24c).
  *
- * Interface used by the mlx5dv provider (DevX wrappers) to tell the hijack
- * which UAR pages, umems and QPs exist.  The provider declares these weak, so
- * the tracer links with or without the hijack.  All functions are thread-safe
- * and cheap; none calls back into the application.
+ * The hijack's interface to the rest of the tracer.  First what the mlx5dv
+ * provider (DevX wrappers) uses to tell the hijack which UAR pages, umems and
+ * QPs exist: the provider declares these weak, so the tracer links with or
+ * without the hijack.  Then the hooks of the CUDA provider (providers/cuda/).
+ * All functions are thread-safe and cheap; none calls back into the
+ * application.
  */
 #ifndef SIGMATRACE_HIJACK_H
 #define SIGMATRACE_HIJACK_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "core/core.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +60,32 @@ void st_hijack_forget_umem(uint32_t umem_id);
 void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uint64_t sq_offset,
                        uint32_t log_sq_size, uint32_t dbr_umem_id, uint64_t dbr_offset);
 void st_hijack_forget_qp(uint32_t qpn);
+
+/* ---- hooks of the CUDA provider ------------------------------------------ */
+/* A host range was registered with the driver (after the real call succeeded). */
+void st_hijack_on_register(void *p, size_t size, unsigned flags) ST_HIDDEN;
+/* The application unregisters a range: pollers of doorbells inside it stop
+ * (forwarding what they hold) before the real unregister. */
+void st_hijack_on_unregister(void *p) ST_HIDDEN;
+/* The application asks for the device pointer of host pointer p; the driver
+ * gave real_dptr.  Returns the pointer to hand out (a proxy page's device
+ * pointer when p is a doorbell register), *hijacked set accordingly. */
+uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked) ST_HIDDEN;
+/* Pointer-attribute consistency: if d lies in a proxy page handed out by the
+ * hijack, return the real device pointer it stands for (else d). */
+uint64_t st_hijack_real_of_proxy(uint64_t d) ST_HIDDEN;
+/* ... and the other way round (a real doorbell device pointer -> proxy). */
+uint64_t st_hijack_proxy_of_real(uint64_t d) ST_HIDDEN;
+/* CPU-doorbell proxies (F24d): an address inside a proxy page handed out as
+ * a UAR's reg_addr stands, for the driver, for the same offset of the real
+ * UAR page; anything else is returned unchanged.  Lock-free, cheap when no
+ * proxy exists. */
+void *st_hijack_cpu_real(void *p) ST_HIDDEN;
+/* ... and the other way round (real UAR page -> proxy) for host pointers the
+ * driver reports. */
+uint64_t st_hijack_cpu_proxy_of_real(uint64_t host) ST_HIDDEN;
+/* Stop every poller (process exit). */
+void st_hijack_shutdown(void) ST_HIDDEN;
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "hijack/cudrv.h"
-#include "hijack/hijack_internal.h"
+#include "hijack/hijack.h"
 #include "interpose/interpose.h"
 
 typedef st_CUresult CUresult;

@@ -1,0 +1,307 @@
+/*
+ * CPU doorbells (F24d): proxies for the doorbell registers the CPU rings.
+ * DevX UARs get one at mlx5dv_devx_alloc_uar, verbs QPs at mlx5dv_init_obj
+ * (sharing a page per context, never a word); the page's poller (poller.c)
+ * forwards and records them as for GPU doorbells.  The CUDA wrappers
+ * translate proxy addresses back to the real UAR (st_hijack_cpu_real) with
+ * the lock-free cpumap.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "hijack_private.h"
+
+uint64_t hijack_cpu_proxy_failed; /* CPU-doorbell proxies not installed (the real UAR was left alone) */
+
+/* proxy page -> real UAR page, for the CUDA wrappers (lock-free readers) and
+ * for putting reg_addr back at free, even after the poller stopped */
+struct cpumap_ent {
+	uintptr_t proxy, real; /* page addresses; proxy 0 = free */
+};
+static struct cpumap_ent cpumap[MAX_PAGES];
+static int cpumap_n; /* entries ever used (high-water mark) */
+
+/* ---- CPU doorbells (F24d) -------------------------------------------------------------
+ * At mlx5dv_devx_alloc_uar the application gets reg_addr in a proxy page of
+ * ours; base_addr and page_id stay real.  The page's poller starts at once
+ * (it idles cheaply until the first doorbell) and forwards, records and
+ * recovers exactly as for GPU doorbells.  See docs/hijack.md. */
+static int cpumap_find(uintptr_t pg, int proxy_side)
+{
+	int n = __atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE);
+	for (int i = 0; i < n; i++) {
+		uintptr_t k = __atomic_load_n(proxy_side ? &cpumap[i].proxy : &cpumap[i].real, __ATOMIC_ACQUIRE);
+		if (k && k == pg && __atomic_load_n(&cpumap[i].proxy, __ATOMIC_ACQUIRE))
+			return i;
+	}
+	return -1;
+}
+
+void *st_hijack_cpu_real(void *p)
+{
+	if (!__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE) || !p)
+		return p;
+	uintptr_t a = (uintptr_t)p, pg = a & ~(uintptr_t)(PAGE_SZ - 1);
+	int i = cpumap_find(pg, 1);
+	return i < 0 ? p : (void *)(__atomic_load_n(&cpumap[i].real, __ATOMIC_ACQUIRE) + (a - pg));
+}
+
+uint64_t st_hijack_cpu_proxy_of_real(uint64_t host)
+{
+	if (!__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE) || !host)
+		return host;
+	uintptr_t pg = (uintptr_t)host & ~(uintptr_t)(PAGE_SZ - 1);
+	int i = cpumap_find(pg, 0);
+	return i < 0 ? host : (uint64_t)(__atomic_load_n(&cpumap[i].proxy, __ATOMIC_ACQUIRE) + (host - pg));
+}
+
+/* Watch register offset off of a CPU-proxy page, and the other half of its
+ * BlueFlame pair (writers that alternate -- rdma-core, UCX -- ring reg and
+ * reg ^ 0x100), both rung by owner (a verbs QPN, 0 for a DevX UAR).  Under
+ * hijack_lock; the poller picks new offsets up at its next scan (noffs is
+ * published last).  0 if the watch list cannot take the register itself. */
+int hijack_watch_offset(struct page *pg, uint16_t off, uint32_t owner)
+{
+	uint16_t want[2] = {off, (uint16_t)(off ^ 0x100)};
+	int nwant = ((off ^ 0x100) >= 0x800 && (off ^ 0x100) < 0xc00) ? 2 : 1;
+	int n = pg->noffs, ok = 1;
+	for (int w = 0; w < nwant; w++) {
+		int have = 0;
+		for (int k = 0; k < n; k++)
+			if (pg->offs[k] == want[w]) {
+				pg->owner[k] = owner; /* a freed verbs word taken over */
+				have = 1;
+			}
+		if (have)
+			continue;
+		if (n == MAX_WATCH) {
+			ok = w > 0; /* the register itself is watched; only its twin is not */
+			break;
+		}
+		pg->offs[n] = want[w];
+		pg->owner[n] = owner;
+		pg->last[n] = 0;
+		n++;
+	}
+	__atomic_store_n(&pg->noffs, n, __ATOMIC_RELEASE);
+	return ok;
+}
+
+/* The QPN that rings watched word off of pg, -1 if the word is not watched. */
+long hijack_word_owner(const struct page *pg, uint16_t off)
+{
+	for (int k = 0; k < pg->noffs; k++)
+		if (pg->offs[k] == off)
+			return pg->owner[k];
+	return -1;
+}
+
+/* Gate shared by the CPU-doorbell entry points. */
+static int cpu_doorbells_on(void)
+{
+	hijack_cfg_load();
+	/* The GPU side needs the CUDA wrappers (they translate the proxy address);
+	 * without them an IOMEMORY registration of the proxy would fail. */
+	return hijack_cfg.cpu_doorbells && hijack_cfg.mode != HIJACK_OFF && st_provider_on(ST_PROV_CUDA);
+}
+
+/* A new CPU-proxy page for real page pgaddr with register off watched and its
+ * poller started; the register's proxy address, NULL on failure (hijack_lock
+ * held). */
+static void *cpu_page_new(uintptr_t pgaddr, uint16_t off, uint32_t page_id, void *ctx, int verbs, uint32_t owner)
+{
+	struct page *pg = NULL;
+	int slot = -1;
+	for (int i = 0; i < MAX_PAGES && !pg; i++)
+		if (!hijack_pages[i].live && !hijack_pages[i].proxy)
+			pg = &hijack_pages[i];
+	for (int i = 0; i < MAX_PAGES && slot < 0; i++)
+		if (!cpumap[i].proxy)
+			slot = i;
+	if (!pg || slot < 0)
+		return NULL;
+	memset(pg, 0, sizeof *pg);
+	pg->proxy = mmap(NULL, PAGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (pg->proxy == MAP_FAILED) {
+		pg->proxy = NULL;
+		return NULL;
+	}
+	/* like the real UAR mapping (VM_DONTCOPY), and the GPU path's proxy */
+	madvise(pg->proxy, PAGE_SZ, MADV_DONTFORK);
+	pg->cpuproxy = 1;
+	pg->cpu_reg = pgaddr + off;
+	pg->page = pgaddr;
+	pg->page_id = page_id;
+	pg->ctx = ctx;
+	pg->verbs = verbs;
+	pg->gpu = -1;
+	hijack_watch_offset(pg, off, owner);
+	/* A core from SIGMATRACE_POLLER_CPUS only once the page is rung (see
+	 * poller_install): unused UARs (a CQ's, an idle peer's) must not take the
+	 * cores meant for the doorbells that are. */
+	pg->cpu = -1;
+	pg->live = 1;
+	hijack_hook_exit();
+	if (pthread_create(&pg->thr, NULL, hijack_poller, pg) != 0) {
+		pg->live = 0;
+		munmap(pg->proxy, PAGE_SZ);
+		pg->proxy = NULL;
+		pg->cpuproxy = 0;
+		return NULL;
+	}
+	pg->thr_started = 1;
+	cpumap[slot].real = pgaddr;
+	__atomic_store_n(&cpumap[slot].proxy, (uintptr_t)pg->proxy, __ATOMIC_RELEASE);
+	if (slot + 1 > cpumap_n)
+		__atomic_store_n(&cpumap_n, slot + 1, __ATOMIC_RELEASE);
+	return pg->proxy + off;
+}
+
+static void *cpu_proxy_failed_for(const char *what, uint32_t id)
+{
+	pthread_mutex_lock(&hijack_lock);
+	hijack_cpu_proxy_failed++;
+	pthread_mutex_unlock(&hijack_lock);
+	st_warn("hijack: %s %#x left unproxied; its CPU doorbells are not traced", what, id);
+	return NULL;
+}
+
+ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
+{
+	(void)base_addr;
+	(void)flags; /* every type: a BlueFlame write arrives as its first 8 bytes, see docs/hijack.md */
+	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
+	if (!cpu_doorbells_on() || !reg_addr || (reg & 7))
+		return NULL;
+	hijack_hook_fork();
+	pthread_mutex_lock(&hijack_lock);
+	void *out = NULL;
+	int watched = 0;
+	for (int i = 0; i < MAX_PAGES && !watched; i++)
+		watched = hijack_pages[i].live && hijack_pages[i].page == pgaddr;
+	/* a page watched already (another DevX UAR in it, verbs QPs, the GPU
+	 * path): this UAR stays real -- its free must not stop the others' poller */
+	if (!watched)
+		out = cpu_page_new(pgaddr, (uint16_t)(reg & (PAGE_SZ - 1)), page_id, ctx, 0, 0);
+	pthread_mutex_unlock(&hijack_lock);
+	return out ? out : cpu_proxy_failed_for("DevX UAR page", page_id);
+}
+
+/* F24d on verbs QPs (mlx5dv_init_obj): the proxy for QP qpn's BlueFlame
+ * register, or NULL (the QP keeps the real one).  QPs of one context whose
+ * registers share a UAR page share its proxy and poller (released at
+ * ibv_close_device), but never a register word: a polled word that two QPs
+ * ring could lose one QP's doorbell (the later value hides the earlier), so
+ * a second QP on a word another QP owns keeps the real register. */
+ST_EXPORT void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
+{
+	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
+	uint16_t off = (uint16_t)(reg & (PAGE_SZ - 1));
+	if (!cpu_doorbells_on() || !reg_addr || (reg & 7) || !ctx || !qpn)
+		return NULL;
+	hijack_hook_fork();
+	pthread_mutex_lock(&hijack_lock);
+	void *out = NULL;
+	struct page *pg = NULL;
+	for (int i = 0; i < MAX_PAGES && !pg; i++)
+		if (hijack_pages[i].live && hijack_pages[i].page == pgaddr)
+			pg = &hijack_pages[i];
+	if (!pg) {
+		out = cpu_page_new(pgaddr, off, ST_HIJACK_VERBS_UAR_PAGE, ctx, 1, qpn);
+	} else if (pg->cpuproxy && pg->verbs && pg->ctx == ctx) {
+		long who = hijack_word_owner(pg, off), twin = hijack_word_owner(pg, (uint16_t)(off ^ 0x100));
+		if (who == (long)qpn) /* the same QP asks again */
+			out = pg->proxy + off;
+		else if ((who < 0 || who == OWNER_FREE) && (twin < 0 || twin == OWNER_FREE) && hijack_watch_offset(pg, off, qpn))
+			out = pg->proxy + off;
+	}
+	pthread_mutex_unlock(&hijack_lock);
+	return out ? out : cpu_proxy_failed_for("verbs QP", qpn);
+}
+
+/* ibv_close_device: the context's UAR pages go away with it; stop the pollers
+ * of the proxies handed out for its verbs QPs first (a last forward each). */
+ST_EXPORT void st_hijack_cpu_release_ctx(void *ctx)
+{
+	if (!ctx || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
+		return;
+	pthread_mutex_lock(&hijack_lock);
+	for (int k = 0; k < MAX_PAGES; k++) {
+		struct page *pg = &hijack_pages[k];
+		if (!pg->live || !pg->cpuproxy || !pg->verbs || pg->ctx != ctx)
+			continue;
+		int i = cpumap_find((uintptr_t)pg->proxy, 1); /* before the proxy is unmapped (and reusable) */
+		hijack_stop_page(pg); /* last values forwarded, poller joined, proxy unmapped */
+		if (i >= 0)
+			__atomic_store_n(&cpumap[i].proxy, 0, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&hijack_lock);
+}
+
+ST_EXPORT void *st_hijack_cpu_uar_release(void *app_reg)
+{
+	if (!app_reg || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
+		return NULL;
+	uintptr_t a = (uintptr_t)app_reg, ppg = a & ~(uintptr_t)(PAGE_SZ - 1);
+	pthread_mutex_lock(&hijack_lock);
+	int i = cpumap_find(ppg, 1);
+	if (i < 0) {
+		pthread_mutex_unlock(&hijack_lock);
+		return NULL;
+	}
+	uintptr_t real = cpumap[i].real;
+	for (int k = 0; k < MAX_PAGES; k++)
+		if (hijack_pages[k].live && hijack_pages[k].cpuproxy && (uintptr_t)hijack_pages[k].proxy == ppg) {
+			hijack_stop_page(&hijack_pages[k]); /* last values forwarded, poller joined, proxy unmapped */
+			break;
+		}
+	__atomic_store_n(&cpumap[i].proxy, 0, __ATOMIC_RELEASE); /* real stays: a racing reader never sees 0 */
+	pthread_mutex_unlock(&hijack_lock);
+	return (void *)(real + (a - ppg));
+}
+
+/* ibv_destroy_qp: forget QP qpn and its SQ/doorbell-record umems, if they are
+ * the ones registered for it as a verbs QP (a DevX QP's record is left alone). */
+ST_EXPORT void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id)
+{
+	pthread_mutex_lock(&hijack_lock);
+	struct qp_rec *q = hijack_qp_slot(qpn, 0);
+	if (!q || q->wq_umem != sq_umem_id || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE)) {
+		pthread_mutex_unlock(&hijack_lock);
+		return;
+	}
+	__atomic_store_n(&q->live, 0, __ATOMIC_RELEASE);
+	for (int i = 0; i < MAX_UMEMS; i++)
+		if (hijack_umems[i].live && (hijack_umems[i].id == sq_umem_id || hijack_umems[i].id == dbr_umem_id))
+			hijack_umems[i].live = 0;
+	/* its words become free for the QP that gets its bfreg next, and its
+	 * page's poller finishes with it before the SQ is freed (the caller
+	 * destroys the QP after this returns) */
+	for (int k = 0; k < MAX_PAGES; k++) {
+		struct page *pg = &hijack_pages[k];
+		if (!pg->live || !pg->verbs || !pg->thr_started)
+			continue;
+		int mine = 0;
+		for (int w = 0; w < pg->noffs; w++)
+			if (pg->owner[w] == qpn) {
+				pg->owner[w] = OWNER_FREE;
+				mine = 1;
+			}
+		if (!mine || __atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE))
+			continue;
+		uint32_t want = __atomic_add_fetch(&pg->sync_seq, 1, __ATOMIC_ACQ_REL);
+		pthread_mutex_unlock(&hijack_lock);
+		/* bounded: a poller sleeps at most ~1 ms between scans */
+		for (int t = 0; t < 20000 && (int32_t)(__atomic_load_n(&pg->sync_ack, __ATOMIC_ACQUIRE) - want) < 0 &&
+				!__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE);
+		     t++) {
+			struct timespec ts = {0, 20000};
+			nanosleep(&ts, NULL);
+		}
+		pthread_mutex_lock(&hijack_lock);
+	}
+	pthread_mutex_unlock(&hijack_lock);
+}

@@ -1,0 +1,387 @@
+/*
+ * Proxy page lifecycle.  The GPU path (F8): when the application asks the
+ * driver for the device pointer of a doorbell register, it gets a pointer
+ * into a pinned host page of ours at the same offset (st_hijack_devptr), and
+ * the page's poller starts.  Also here: the GPU part of a CPU-doorbell page
+ * (attach at a device-pointer request, detach at unregister), stopping a
+ * page, process exit (stop, or quiesce CPU-doorbell pages) and fork.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "hijack_private.h"
+
+struct page hijack_pages[MAX_PAGES];
+static int exit_hook;
+
+void hijack_stop_page(struct page *pg)
+{
+	/* caller holds hijack_lock */
+	if (!pg->live)
+		return;
+	pg->live = 0;
+	__atomic_store_n(&pg->stop, 1, __ATOMIC_RELEASE);
+	pthread_t t = pg->thr;
+	int started = pg->thr_started;
+	pthread_mutex_unlock(&hijack_lock);
+	if (started)
+		pthread_join(t, NULL);
+	const struct st_cudrv *d = drv();
+	if (pg->cpuproxy) {
+		/* after process exit (quiesced) the driver may be gone: leave it be */
+		if (d && pg->proxy_dev && pg->gproxy && !__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE))
+			d->MemHostUnregister(pg->gproxy);
+		if (pg->gproxy)
+			munmap(pg->gproxy, PAGE_SZ);
+		pg->gproxy = NULL;
+		pg->proxy_dev = pg->real_dev = 0;
+	} else if (d && pg->proxy_dev)
+		d->MemHostUnregister(pg->proxy);
+	munmap(pg->proxy, PAGE_SZ);
+	pg->proxy = NULL;
+	pthread_mutex_lock(&hijack_lock);
+}
+
+/* Process exit, CPU-doorbell page: summary and flush now, but keep
+ * forwarding until the process is gone (caller holds hijack_lock). */
+static void quiesce_page(struct page *pg)
+{
+	if (!pg->live || !pg->thr_started || __atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
+		return;
+	__atomic_store_n(&pg->quiesce, 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&hijack_lock);
+	while (!__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE)) {
+		struct timespec ts = {0, 20000};
+		nanosleep(&ts, NULL);
+	}
+	pthread_mutex_lock(&hijack_lock);
+}
+
+/* A device pointer for a CPU-doorbell page: register a second proxy page
+ * (the GPU's) with the driver; the page's poller watches it too (caller
+ * holds hijack_lock).  0 on success. */
+static int gpu_attach(struct page *pg, const struct st_cudrv *d)
+{
+	if (pg->proxy_dev)
+		return 0;
+	if (__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
+		return -1;
+	if (!pg->gproxy) {
+		void *m = mmap(NULL, PAGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		if (m == MAP_FAILED)
+			return -1;
+		madvise(m, PAGE_SZ, MADV_DONTFORK); /* as the GPU proxy page, see st_hijack_devptr */
+		pg->gproxy = m;
+	}
+	st_CUdeviceptr pd = 0;
+	if (d->MemHostRegister(pg->gproxy, PAGE_SZ, ST_CU_MEMHOSTREGISTER_PORTABLE | ST_CU_MEMHOSTREGISTER_DEVICEMAP))
+		return -1;
+	if (d->MemHostGetDevicePointer(&pd, pg->gproxy, 0) || !pd) {
+		d->MemHostUnregister(pg->gproxy);
+		return -1;
+	}
+	pg->proxy_dev = pd;
+	st_CUcontext c = NULL;
+	if (d->CtxGetCurrent && d->CtxGetCurrent(&c) == 0 && c)
+		pg->cuctx = c;
+	int dev = 0;
+	if (d->CtxGetDevice && d->CtxGetDevice(&dev) == 0)
+		pg->gpu = dev;
+	__atomic_store_n(&pg->gwatch, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&pg->gpu_want, 1, __ATOMIC_RELEASE);
+	__atomic_add_fetch(&pg->gpu_seq, 1, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* The application unregisters the UAR from the driver: the GPU part of a
+ * CPU-doorbell page goes (last values forwarded, copies drained, CUDA
+ * objects released), the CPU part stays (caller holds hijack_lock). */
+static void gpu_detach(struct page *pg)
+{
+	if (!pg->proxy_dev)
+		return;
+	__atomic_store_n(&pg->gpu_want, 0, __ATOMIC_RELEASE);
+	uint32_t seq = __atomic_add_fetch(&pg->gpu_seq, 1, __ATOMIC_RELEASE);
+	if (pg->thr_started && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+		pthread_mutex_unlock(&hijack_lock);
+		while (__atomic_load_n(&pg->gpu_ack, __ATOMIC_ACQUIRE) != seq && pg->live &&
+		       !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+			struct timespec ts = {0, 20000};
+			nanosleep(&ts, NULL);
+		}
+		pthread_mutex_lock(&hijack_lock);
+	}
+	if (!pg->live || !pg->proxy_dev)
+		return;
+	const struct st_cudrv *d = drv();
+	if (d && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
+		d->MemHostUnregister(pg->gproxy);
+	pg->proxy_dev = pg->real_dev = 0;
+}
+void st_hijack_shutdown(void)
+{
+	pthread_mutex_lock(&hijack_lock);
+	for (int i = 0; i < MAX_PAGES; i++) {
+		if (hijack_pages[i].live && hijack_pages[i].cpuproxy)
+			quiesce_page(&hijack_pages[i]);
+		else
+			hijack_stop_page(&hijack_pages[i]);
+	}
+	if (hijack_cpu_proxy_failed)
+		st_warn("hijack: %llu UAR register(s) left unproxied (CPU doorbells not traced there)",
+			(unsigned long long)hijack_cpu_proxy_failed);
+	pthread_mutex_unlock(&hijack_lock);
+}
+
+static void at_exit_hook(void)
+{
+	st_hijack_shutdown();
+}
+
+void hijack_hook_exit(void)
+{
+	if (!exit_hook) {
+		exit_hook = 1;
+		atexit(at_exit_hook); /* registered after the core's: runs before it */
+	}
+}
+
+ST_EXPORT void st_hijack_forget_uar(void *reg_addr)
+{
+	uintptr_t pgaddr = (uintptr_t)reg_addr & ~(uintptr_t)(PAGE_SZ - 1);
+	pthread_mutex_lock(&hijack_lock);
+	for (int i = 0; i < MAX_UARS; i++)
+		if (hijack_uars[i].live && hijack_uars[i].reg == (uintptr_t)reg_addr)
+			hijack_uars[i].live = 0;
+	/* a GPU-path page of this UAR stops here; a CPU-proxy page in the same real
+	 * page belongs to another UAR or to verbs QPs and stops at their release
+	 * (st_hijack_cpu_uar_release, st_hijack_cpu_release_ctx) */
+	for (int i = 0; i < MAX_PAGES; i++)
+		if (hijack_pages[i].live && hijack_pages[i].page == pgaddr && !hijack_pages[i].cpuproxy)
+			hijack_stop_page(&hijack_pages[i]);
+	pthread_mutex_unlock(&hijack_lock);
+}
+
+void st_hijack_on_unregister(void *p)
+{
+	pthread_mutex_lock(&hijack_lock);
+	for (int i = 0; i < MAX_REGS; i++)
+		if (hijack_regs[i].live && hijack_regs[i].p == (uintptr_t)p) {
+			hijack_regs[i].live = 0;
+			for (int k = 0; k < MAX_PAGES; k++)
+				if (hijack_pages[k].live && hijack_pages[k].page + PAGE_SZ > hijack_regs[i].p &&
+				    hijack_pages[k].page < hijack_regs[i].p + hijack_regs[i].size) {
+					if (hijack_pages[k].cpuproxy)
+						gpu_detach(&hijack_pages[k]); /* the CPU may still ring */
+					else
+						hijack_stop_page(&hijack_pages[k]);
+				}
+		}
+	pthread_mutex_unlock(&hijack_lock);
+}
+
+/* d inside a live page's device-pointer range (the proxy's, to_real; else
+ * the real one's) maps to the same offset of the other; anything else is d.
+ * Lock-free: the CUDA wrappers call it on every pointer query. */
+static uint64_t translate_dev(uint64_t d, int to_real)
+{
+	for (int i = 0; i < MAX_PAGES; i++) {
+		const struct page *pg = &hijack_pages[i];
+		if (!pg->live)
+			continue;
+		uint64_t from = to_real ? pg->proxy_dev : pg->real_dev, to = to_real ? pg->real_dev : pg->proxy_dev;
+		if (from && to && d >= from && d < from + PAGE_SZ)
+			return to + (d - from);
+	}
+	return d;
+}
+
+uint64_t st_hijack_real_of_proxy(uint64_t d)
+{
+	return translate_dev(d, 1);
+}
+
+uint64_t st_hijack_proxy_of_real(uint64_t d)
+{
+	return translate_dev(d, 0);
+}
+
+/* ---- fork ----------------------------------------------------------------------------
+ * Pollers are threads: a forked child has none.  Its copy of the page table
+ * must not make it believe otherwise: it would hand out the parent's proxy
+ * pointer (a phantom poller nobody runs), or, at exit, join threads that do
+ * not exist and unregister the parent's proxy pages with the driver.  The
+ * child forgets every page (the proxy and staging mappings are MADV_DONTFORK:
+ * not mapped in the child at all); what it learned about UARs, umems, QPs
+ * and registrations stays (that memory is the child's too), so a child that
+ * uses the driver itself gets pollers of its own. */
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&hijack_lock); /* the table is consistent when copied */
+}
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&hijack_lock);
+}
+static void fork_child(void)
+{
+	pthread_mutex_init(&hijack_lock, NULL);
+	for (int i = 0; i < MAX_PAGES; i++) {
+		struct page *pg = &hijack_pages[i];
+		if (!pg->live && !pg->proxy && !pg->thr_started)
+			continue; /* untouched slot: do not dirty its copy-on-write pages */
+		pg->live = 0;
+		pg->thr_started = 0;
+		pg->proxy = NULL; /* not mapped here (MADV_DONTFORK); never unmapped or unregistered by the child */
+		pg->proxy_dev = pg->real_dev = 0;
+		pg->stage = NULL;
+		pg->stream = NULL;
+		pg->gproxy = NULL; /* MADV_DONTFORK as well */
+		pg->cpuproxy = 0;
+	}
+	/* the child's reg_addr still points into the (unmapped) CPU proxy, as it
+	 * would into the real UAR (VM_DONTCOPY); cpumap stays, so that a free
+	 * there puts the real reg_addr back */
+}
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void fork_register(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+void hijack_hook_fork(void)
+{
+	pthread_once(&fork_once, fork_register);
+}
+
+uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
+{
+	*hijacked = 0;
+	hijack_cfg_load();
+	if (hijack_cfg.mode == HIJACK_OFF)
+		return real_dptr;
+	hijack_hook_fork(); /* before the first poller; outside the lock */
+	uintptr_t a = (uintptr_t)p, pgaddr = a & ~(uintptr_t)(PAGE_SZ - 1);
+	const struct st_cudrv *d = drv();
+	if (!d || !d->MemHostRegister || !d->MemHostGetDevicePointer)
+		return real_dptr;
+	pthread_mutex_lock(&hijack_lock);
+	/* the registration that holds p */
+	struct reg_rec *r = NULL;
+	for (int i = 0; i < MAX_REGS; i++)
+		if (hijack_regs[i].live && a >= hijack_regs[i].p && a < hijack_regs[i].p + (hijack_regs[i].size ? hijack_regs[i].size : 1)) {
+			r = &hijack_regs[i];
+			break;
+		}
+	/* doorbell registers in p's page: noted UARs, else an IOMEMORY registration */
+	uint16_t offs[MAX_WATCH];
+	int noffs = 0;
+	uint32_t page_id = 0;
+	for (int i = 0; i < MAX_UARS && noffs < MAX_WATCH; i++)
+		if (hijack_uars[i].live && (hijack_uars[i].reg & ~(uintptr_t)(PAGE_SZ - 1)) == pgaddr) {
+			offs[noffs++] = (uint16_t)(hijack_uars[i].reg & (PAGE_SZ - 1));
+			page_id = hijack_uars[i].page_id;
+		}
+	if (!noffs && r && (r->flags & ST_CU_MEMHOSTREGISTER_IOMEMORY) && !(a & 7))
+		offs[noffs++] = (uint16_t)(a & (PAGE_SZ - 1));
+	if (!noffs) {
+		pthread_mutex_unlock(&hijack_lock);
+		return real_dptr;
+	}
+	struct page *pg = NULL, *freep = NULL;
+	for (int i = 0; i < MAX_PAGES; i++) {
+		if (hijack_pages[i].live && hijack_pages[i].page == pgaddr) {
+			pg = &hijack_pages[i];
+			break;
+		}
+		if (!hijack_pages[i].live && !hijack_pages[i].proxy && !freep)
+			freep = &hijack_pages[i];
+	}
+	if (pg && pg->cpuproxy) {
+		/* a CPU-doorbell page: the GPU gets a proxy of its own, same hijack_poller,
+		 * which also watches the page's other noted registers (a DevX UAR the
+		 * CPU side left real may be the one the GPU rings) */
+		for (int k = 0; k < noffs; k++)
+			if (hijack_word_owner(pg, offs[k]) < 0)
+				hijack_watch_offset(pg, offs[k], 0);
+		if (gpu_attach(pg, d) != 0) {
+			pthread_mutex_unlock(&hijack_lock);
+			st_warn("hijack: cannot register a GPU proxy page; doorbell at %p not traced from the GPU", p);
+			return real_dptr;
+		}
+		if (!pg->real_dev)
+			pg->real_dev = real_dptr - (a - pgaddr);
+		uint64_t out = pg->proxy_dev + (a - pgaddr);
+		pthread_mutex_unlock(&hijack_lock);
+		*hijacked = 1;
+		return out;
+	}
+	if (pg) {
+		uint64_t out = pg->proxy_dev + (a - pgaddr);
+		if (!pg->real_dev)
+			pg->real_dev = real_dptr - (a - pgaddr);
+		pthread_mutex_unlock(&hijack_lock);
+		*hijacked = 1;
+		return out;
+	}
+	if (!freep) {
+		pthread_mutex_unlock(&hijack_lock);
+		return real_dptr;
+	}
+	pg = freep;
+	memset(pg, 0, sizeof *pg);
+	pg->proxy = mmap(NULL, PAGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (pg->proxy == MAP_FAILED) {
+		pg->proxy = NULL;
+		pthread_mutex_unlock(&hijack_lock);
+		return real_dptr;
+	}
+	/* The GPU writes this page through its pinned mapping: after a fork a
+	 * copy-on-write fault in the parent would move the parent's virtual page
+	 * away from the physical page the GPU writes (the classic RDMA fork
+	 * problem).  Not inherited, it stays the parent's alone, and a child
+	 * cannot write into it. */
+	madvise(pg->proxy, PAGE_SZ, MADV_DONTFORK);
+	st_CUdeviceptr pd = 0;
+	if (d->MemHostRegister(pg->proxy, PAGE_SZ, ST_CU_MEMHOSTREGISTER_PORTABLE | ST_CU_MEMHOSTREGISTER_DEVICEMAP) ||
+	    d->MemHostGetDevicePointer(&pd, pg->proxy, 0) || !pd) {
+		if (pd == 0)
+			d->MemHostUnregister(pg->proxy);
+		munmap(pg->proxy, PAGE_SZ);
+		pg->proxy = NULL;
+		pthread_mutex_unlock(&hijack_lock);
+		st_warn("hijack: cannot register a proxy page with the driver; doorbell at %p not traced", p);
+		return real_dptr;
+	}
+	pg->page = pgaddr;
+	pg->proxy_dev = pd;
+	pg->real_dev = real_dptr - (a - pgaddr);
+	pg->page_id = page_id;
+	memcpy(pg->offs, offs, sizeof offs[0] * (size_t)noffs);
+	pg->noffs = noffs;
+	if (d->CtxGetCurrent)
+		d->CtxGetCurrent(&pg->cuctx);
+	int dev = 0;
+	if (d->CtxGetDevice && d->CtxGetDevice(&dev) == 0)
+		pg->gpu = dev;
+	pg->cpu = hijack_next_poller_cpu();
+	pg->live = 1;
+	hijack_hook_exit();
+	if (pthread_create(&pg->thr, NULL, hijack_poller, pg) == 0)
+		pg->thr_started = 1;
+	else {
+		pg->live = 0;
+		d->MemHostUnregister(pg->proxy);
+		munmap(pg->proxy, PAGE_SZ);
+		pg->proxy = NULL;
+		pthread_mutex_unlock(&hijack_lock);
+		return real_dptr;
+	}
+	uint64_t out = pg->proxy_dev + (a - pgaddr);
+	pthread_mutex_unlock(&hijack_lock);
+	*hijacked = 1;
+	return out;
+}

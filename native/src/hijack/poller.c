@@ -1,0 +1,408 @@
+/*
+ * The poller thread of a proxy page: it scans the watched doorbell words,
+ * forwards every new value to the real UAR register (one 64-bit store and a
+ * flush), records it, and drives WQE recovery (recovery.c) in the configured
+ * mode.  Idle, it spins, then waits (umwait/mwaitx on a single GPU word) or
+ * sleeps with back-off.  At process exit a CPU-doorbell page keeps
+ * forwarding (forward_only) after its summary.
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+#include "arch.h"
+#include "hijack_private.h"
+
+static void poller_sync(struct page *pg);
+static void poller_install(struct page *pg);
+
+static int poller_seq; /* pollers given a core so far */
+
+int hijack_next_poller_cpu(void)
+{
+	return hijack_cfg.ncpus ? hijack_cfg.cpus[__atomic_fetch_add(&poller_seq, 1, __ATOMIC_RELAXED) % hijack_cfg.ncpus] : -1;
+}
+
+/* Forward doorbell value v to the real UAR register: the exact value in one
+ * 64-bit store, as the writer made it, then flushed out so that it reaches
+ * the NIC now and as a write of its own (never merged with the next one on
+ * a write-combining BlueFlame mapping).  The barrier before it keeps
+ * whatever the WQEs' writers published ahead of the doorbell, as rdma-core
+ * does before every doorbell. */
+static inline void forward_doorbell(volatile uint64_t *real, uint64_t v)
+{
+	udma_to_device_barrier();
+	*real = v;
+	mmio_flush_writes();
+}
+
+/* guarded mode: the uncopied span (WQEBBs) at which a doorbell waits for the copies */
+static inline uint32_t guard_wqebb(const struct qpstate *s)
+{
+	uint32_t g = (uint32_t)(((uint64_t)hijack_cfg.guard_pct << s->log_sq) / 100);
+	return g ? g : 1;
+}
+
+/* A new doorbell value v at watched offset k. */
+static void on_doorbell(struct page *pg, int k, uint64_t v)
+{
+	uint64_t t_obs = st_tsc();
+	uint8_t b[8];
+	memcpy(b, &v, 8);
+	uint16_t pi16 = (uint16_t)((b[1] << 8) | b[2]); /* ref §3.3: bytes 1-2 */
+	if (b[7] & 0x3f) /* rdma-core convention: last WQE's ctrl, PI = index + WQEBBs(DS) */
+		pi16 = (uint16_t)(pi16 + ((b[7] & 0x3f) * 16 + 63) / 64);
+	uint32_t qpn = ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 8) | b[6];
+	volatile uint64_t *real = (volatile uint64_t *)(pg->page + pg->offs[k]);
+	/* a GPU write is seen only after its device pointer was handed out, i.e.
+	 * after the attach request was posted: take it before anything else */
+	if (__atomic_load_n(&pg->gpu_seq, __ATOMIC_ACQUIRE) != pg->gpu_seen)
+		poller_sync(pg);
+	if (!pg->installed)
+		poller_install(pg);
+	int mode = hijack_cfg.mode;
+	struct qpstate *s = mode == HIJACK_FORWARD ? NULL : hijack_page_qp(pg, qpn);
+	uint32_t delta = 0, first = 0;
+	int recover = 0;
+	if (s) {
+		s->doorbells++;
+		delta = (uint16_t)(pi16 - (uint16_t)s->pi);
+		first = s->pi;
+		if (s->have_sq && delta) {
+			if (delta > (1u << s->log_sq)) {
+				st_ev_ext(ST_EV_DB_WQE_LOST, (uint16_t)first, qpn, delta, 0, 0, ST_WQE_LOST_CORRUPT, 0);
+				s->wqebb_lost += delta;
+			} else
+				recover = 1;
+		} else if (!s->have_sq)
+			pg->unknown_qp++;
+		s->pi += delta;
+	}
+	if (recover && (mode == HIJACK_SYNC || mode == HIJACK_BLOCKING)) {
+		hijack_issue_copy(pg, s, first, delta);
+		if (mode == HIJACK_SYNC || pg->batch_wqebb >= st_cfg.batch_threshold) {
+			/* paper's mode: a threshold-crossing doorbell waits for the copy */
+			hijack_close_batch(pg);
+			hijack_drain(pg, 1);
+		}
+	}
+	/* A host-memory SQ (CPU writers, F24d) is copied with a plain memcpy:
+	 * done before the forward in every recovering mode, so the NIC cannot
+	 * complete, nor the application reuse, a slot before it is copied. */
+	int pre = recover && !s->gpu && (mode == HIJACK_NONBLOCKING || mode == HIJACK_GUARDED);
+	if (pre)
+		hijack_issue_copy(pg, s, first, delta);
+	int held = 0;
+	if (recover && mode == HIJACK_GUARDED && !pre) {
+		/* Forward first, as nonblocking, unless the WQEBBs announced but not
+		 * yet copied span a large part of the SQ: only then can the
+		 * application lap the ring before the copy lands (a slot is reused
+		 * n WQEBBs later).  Then copy this range too and wait for all of it
+		 * before the NIC (and with it the application) may go on. */
+		uint32_t from = s->npend ? s->pend_oldest : first;
+		uint32_t span = first + delta - from;
+		if (span > (2u << s->log_sq))
+			span = delta; /* stale bookkeeping (QP recreated): this range only */
+		if (span >= guard_wqebb(s)) {
+			hijack_issue_copy(pg, s, first, delta);
+			hijack_close_batch(pg);
+			hijack_drain(pg, 1);
+			s->guard_waits++;
+			pg->guard_waits++;
+			held = 1;
+		}
+	}
+	forward_doorbell(real, v);
+	/* record at the observation time */
+	struct st_event *e = st_reserve(1);
+	if (e) {
+		e->tsc = t_obs;
+		e->type = ST_EV_DB_DOORBELL;
+		e->aux = pi16;
+		e->obj = qpn;
+		e->arg = v;
+		st_commit();
+	}
+	if (st_full())
+		st_ev(ST_EV_DB_FORWARD, pi16, qpn, t_obs);
+	pg->seen++;
+	if (recover && mode == HIJACK_NONBLOCKING) {
+		if (!pre)
+			hijack_issue_copy(pg, s, first, delta);
+		if (pg->batch_wqebb >= st_cfg.batch_threshold)
+			hijack_close_batch(pg);
+		hijack_drain(pg, 0);
+	} else if (recover && mode == HIJACK_GUARDED && !held) {
+		if (!pre)
+			hijack_issue_copy(pg, s, first, delta);
+		/* close batches early enough that completions are known well before
+		 * the span reaches the guard */
+		uint32_t g = guard_wqebb(s) / 2;
+		if (pg->batch_wqebb >= st_cfg.batch_threshold || pg->batch_wqebb >= (g ? g : 1))
+			hijack_close_batch(pg);
+		hijack_drain(pg, 0);
+	}
+}
+
+/* Pin the calling poller thread to its page's core, if it has one. */
+static void pin_self(const struct page *pg)
+{
+	if (pg->cpu < 0)
+		return;
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(pg->cpu, &set);
+	pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+/* First use of the page (GPU pages: at start; CPU-doorbell pages: at their
+ * first doorbell or device-pointer request, so unused UARs, e.g. CQ ones,
+ * leave no trace). */
+static void poller_install(struct page *pg)
+{
+	if (pg->installed)
+		return;
+	pg->installed = 1;
+	if (pg->cpuproxy) { /* always on the poller thread: take a core now that the page is used */
+		pg->cpu = hijack_next_poller_cpu();
+		pin_self(pg);
+	}
+	st_ensure_active();
+	char buf[768];
+	struct st_json j;
+	st_json_init(&j, buf, sizeof buf);
+	st_json_open(&j, NULL, '{');
+	st_json_hex(&j, "uar_page", pg->page);
+	st_json_hex(&j, "reg_offset", pg->offs[0]);
+	st_json_hex(&j, "proxy_host", (uintptr_t)(pg->cpuproxy && pg->gproxy && pg->proxy_dev ? pg->gproxy : pg->proxy));
+	st_json_hex(&j, "proxy_dev", pg->proxy_dev);
+	st_json_hex(&j, "real_dev", pg->real_dev);
+	st_json_uint(&j, "page_id", pg->page_id);
+	st_json_str(&j, "mode", hijack_mode_names[hijack_cfg.mode]);
+	st_json_str(&j, "wait", hijack_wait_name(hijack_cfg.wait_kind));
+	st_json_int(&j, "cpu", pg->cpu);
+	st_json_uint(&j, "batch_threshold", st_cfg.batch_threshold);
+	st_json_bool(&j, "async_copy", pg->stream != NULL);
+	st_json_bool(&j, "double_copy", hijack_cfg.double_copy);
+	if (hijack_cfg.mode == HIJACK_GUARDED)
+		st_json_uint(&j, "guard_pct", (uint64_t)hijack_cfg.guard_pct);
+	if (pg->cpuproxy) {
+		st_json_bool(&j, "cpu_doorbells", 1);
+		st_json_hex(&j, "cpu_proxy", (uintptr_t)pg->proxy);
+		st_json_int(&j, "gpu", pg->proxy_dev ? pg->gpu : -1);
+	}
+	st_json_close(&j, '}');
+	uint64_t id = st_side_json(buf, j.len);
+	st_ev(ST_EV_DB_HIJACK_INSTALL, (uint16_t)pg->gpu, pg->page_id, id);
+}
+
+static int scan_words(struct page *pg, const uint8_t *base, uint64_t *last)
+{
+	int n = 0;
+	int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE); /* grows when a verbs QP shares the page */
+	for (int k = 0; k < noffs; k++) {
+		uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
+		if (v != last[k]) {
+			last[k] = v;
+			on_doorbell(pg, k, v);
+			n++;
+		}
+	}
+	return n;
+}
+
+/* CPU-doorbell pages: a GPU attach/detach request from the application's
+ * thread (st_hijack_devptr / st_hijack_on_unregister). */
+static void poller_sync(struct page *pg)
+{
+	uint32_t seq = __atomic_load_n(&pg->gpu_seq, __ATOMIC_ACQUIRE);
+	if (seq == pg->gpu_seen)
+		return;
+	pg->gpu_seen = seq;
+	if (__atomic_load_n(&pg->gpu_want, __ATOMIC_ACQUIRE)) {
+		hijack_close_batch(pg);
+		hijack_drain(pg, 1);
+		hijack_poller_attach_cuda(pg);
+		if (!pg->installed)
+			poller_install(pg);
+	} else {
+		/* the GPU lets go: its last values first, then no more copies */
+		if (__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE) && pg->gproxy) {
+			scan_words(pg, pg->gproxy, pg->glast);
+			__atomic_store_n(&pg->gwatch, 0, __ATOMIC_RELEASE);
+			for (int k = 0; k < pg->noffs; k++)
+				__atomic_store_n((uint64_t *)(pg->gproxy + pg->offs[k]), 0, __ATOMIC_RELAXED);
+			memset(pg->glast, 0, sizeof pg->glast);
+		}
+		hijack_close_batch(pg);
+		hijack_drain(pg, 1);
+		hijack_poller_detach_cuda(pg);
+	}
+	__atomic_store_n(&pg->gpu_ack, seq, __ATOMIC_RELEASE);
+}
+
+static int scan(struct page *pg)
+{
+	if (__atomic_load_n(&pg->gpu_seq, __ATOMIC_ACQUIRE) != pg->gpu_seen)
+		poller_sync(pg);
+	int n = scan_words(pg, pg->proxy, pg->last);
+	if (pg->gproxy && __atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE))
+		n += scan_words(pg, pg->gproxy, pg->glast);
+	return n;
+}
+
+/* After the summary at process exit: CPU-doorbell pages keep forwarding (the
+ * application may still ring from a later exit handler), recording nothing. */
+static void forward_only(struct page *pg)
+{
+	unsigned idle = 0;
+	for (;;) {
+		int stop = __atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE), n = 0;
+		for (int src = 0; src < 2; src++) {
+			const uint8_t *base = src ? pg->gproxy : pg->proxy;
+			uint64_t *last = src ? pg->glast : pg->last;
+			if (!base || (src && !__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE)))
+				continue;
+			int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE);
+			for (int k = 0; k < noffs; k++) {
+				uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
+				if (v != last[k]) {
+					last[k] = v;
+					forward_doorbell((volatile uint64_t *)(pg->page + pg->offs[k]), v);
+					n++;
+				}
+			}
+		}
+		if (stop)
+			return;
+		if (n) {
+			idle = 0;
+			continue;
+		}
+		if (++idle < 64) {
+			cpu_relax();
+			continue;
+		}
+		struct timespec ts = {0, 50000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+void *hijack_poller(void *arg)
+{
+	struct page *pg = arg;
+	st_tls_depth++; /* nothing this thread calls is the application's */
+	char name[16];
+	snprintf(name, sizeof name, "st-poll-%u", pg->page_id);
+	pthread_setname_np(pthread_self(), name);
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* back-off sleeps of ~1 us, not the default 50 us slack */
+	pin_self(pg);
+	hijack_poller_stage_alloc(pg);
+	if (!pg->cpuproxy) {
+		hijack_poller_attach_cuda(pg);
+		poller_install(pg);
+	}
+	uint64_t idle_since = st_now_ns();
+	unsigned sleep_us = 1;
+	unsigned spins = 0;
+	int quiesce = 0;
+	for (;;) {
+		uint32_t sync = __atomic_load_n(&pg->sync_seq, __ATOMIC_ACQUIRE);
+		if (sync != __atomic_load_n(&pg->sync_ack, __ATOMIC_RELAXED)) {
+			/* a QP of this page is being forgotten: take what was rung, finish
+			 * every copy, then nothing reads its SQ any more */
+			scan(pg);
+			hijack_close_batch(pg);
+			hijack_drain(pg, 1);
+			__atomic_store_n(&pg->sync_ack, sync, __ATOMIC_RELEASE);
+			idle_since = 0;
+			sleep_us = 1;
+		}
+		if (scan(pg)) {
+			idle_since = 0;
+			sleep_us = 1;
+			spins = 0;
+			continue;
+		}
+		if (__atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE) ||
+		    (quiesce = __atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))) {
+			scan(pg); /* the last values, forwarded before we go */
+			break;
+		}
+		/* idle: finish completed copies first (never blocks) */
+		if (pg->pend_head != pg->pend_tail) {
+			if (pg->batch_wqebb && (hijack_cfg.mode == HIJACK_NONBLOCKING || hijack_cfg.mode == HIJACK_GUARDED))
+				hijack_close_batch(pg);
+			hijack_drain(pg, 0);
+		}
+		if (++spins < 64) {
+			cpu_relax();
+			continue;
+		}
+		spins = 0;
+		uint64_t now = st_now_ns();
+		if (!idle_since)
+			idle_since = now;
+		/* spin forever (SIGMATRACE_POLLER_SPIN_US<0) only on a page that is in
+		 * use: a never-rung CPU-doorbell page always backs off */
+		int in_use = !pg->cpuproxy || pg->installed;
+		if (hijack_cfg.spin_us < 0 ? in_use : now - idle_since < (uint64_t)hijack_cfg.spin_us * 1000)
+			continue;
+#if defined(__x86_64__)
+		if (hijack_cfg.wait_kind == 1 && pg->noffs == 1 && !pg->cpuproxy) {
+			wait_umwait(pg->proxy + pg->offs[0], 200000);
+			continue;
+		}
+		if (hijack_cfg.wait_kind == 2 && pg->noffs == 1 && !pg->cpuproxy) {
+			wait_mwaitx(pg->proxy + pg->offs[0], 200000);
+			continue;
+		}
+#endif
+		struct timespec ts = {0, (long)sleep_us * 1000};
+		nanosleep(&ts, NULL);
+		/* a CPU-doorbell page nobody has rung yet (a CQ's UAR, say) idles cheaply */
+		unsigned cap = (unsigned)hijack_cfg.max_sleep_us;
+		if (pg->cpuproxy && !pg->installed && cap < 1000)
+			cap = 1000;
+		if (sleep_us < cap)
+			sleep_us = sleep_us * 2 > cap ? cap : sleep_us * 2;
+	}
+	hijack_close_batch(pg);
+	hijack_drain(pg, 1);
+	if (pg->installed) {
+		uint64_t ok = 0, lost = 0, wqes = 0;
+		for (int i = 0; i < pg->nqs; i++) {
+			ok += pg->qs[i].wqebb_ok;
+			lost += pg->qs[i].wqebb_lost;
+			wqes += pg->qs[i].wqe_ok;
+		}
+		char buf[512];
+		struct st_json j;
+		st_json_init(&j, buf, sizeof buf);
+		st_json_open(&j, NULL, '{');
+		st_json_uint(&j, "doorbells", pg->seen);
+		st_json_uint(&j, "wqes_verified", wqes);
+		st_json_uint(&j, "wqebb_verified", ok);
+		st_json_uint(&j, "wqebb_lost", lost);
+		st_json_uint(&j, "unknown_qp_doorbells", pg->unknown_qp);
+		st_json_uint(&j, "copies", pg->copies);
+		st_json_uint(&j, "sync_waits", pg->sync_waits);
+		st_json_uint(&j, "guard_waits", pg->guard_waits);
+		if (pg->cpuproxy)
+			st_json_bool(&j, "cpu_doorbells", 1);
+		st_json_close(&j, '}');
+		st_side_json(buf, j.len);
+		st_ev(ST_EV_DB_HIJACK_REMOVE, 0, pg->page_id, pg->seen);
+	}
+	hijack_poller_teardown_cuda(pg);
+	st_thread_exit_current();
+	if (quiesce) {
+		__atomic_store_n(&pg->quiesced, 1, __ATOMIC_RELEASE);
+		forward_only(pg);
+	}
+	st_tls_depth--;
+	return NULL;
+}
