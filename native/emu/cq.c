@@ -13,11 +13,9 @@
 /* ---- completion channels and CQs ---------------------------------------- */
 EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *c)
 {
-	struct emu_channel *ch = calloc(1, sizeof *ch);
-	if (!ch) {
-		errno = ENOMEM;
+	struct emu_channel *ch = emu_zalloc(sizeof *ch);
+	if (!ch)
 		return NULL;
-	}
 	int p[2];
 	if (pipe2(p, O_CLOEXEC)) {
 		free(ch);

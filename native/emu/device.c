@@ -59,11 +59,9 @@ static int emu_query_device_ex(struct ibv_context *c, const struct ibv_query_dev
 
 EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev)
 {
-	struct emu_context *e = calloc(1, sizeof *e);
-	if (!e) {
-		errno = ENOMEM;
+	struct emu_context *e = emu_zalloc(sizeof *e);
+	if (!e)
 		return NULL;
-	}
 	e->nic = emu_nic_get();
 	if (!e->nic) {
 		free(e);

@@ -4,11 +4,13 @@
 #ifndef ST_EMU_INTERNAL_H
 #define ST_EMU_INTERNAL_H
 
+#include <errno.h>
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -279,6 +281,37 @@ struct emu_nic {
 	int have_devx_uars;
 	uint64_t last_liveness_ns;
 };
+
+/* ---- helpers shared by the objects' calls -------------------------------- */
+/* A zeroed object for a verbs call: NULL with errno ENOMEM, the way the
+ * verbs that return pointers report failure. */
+static inline void *emu_zalloc(size_t size)
+{
+	void *p = calloc(1, size);
+	if (!p)
+		errno = ENOMEM;
+	return p;
+}
+
+/* The first free slot of an object table: tables start at 1 (0 is never a
+ * handle); n when slots 1..n-1 are all taken. */
+#define EMU_FREE_SLOT(table, n)                                 \
+	({                                                      \
+		uint32_t slot_ = 1;                             \
+		while (slot_ < (uint32_t)(n) && (table)[slot_]) \
+			slot_++;                                \
+		slot_;                                          \
+	})
+
+/* An object table is full: drop the NIC lock and the new object, and fail
+ * with ENOMEM. */
+static inline void *emu_table_full(struct emu_nic *nic, void *obj)
+{
+	pthread_mutex_unlock(&nic->lock);
+	free(obj);
+	errno = ENOMEM;
+	return NULL;
+}
 
 /* nic.c */
 struct emu_nic *emu_nic_get(void);

@@ -9,11 +9,9 @@
 /* ---- PD / MR ------------------------------------------------------------- */
 EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *c)
 {
-	struct emu_pd *p = calloc(1, sizeof *p);
-	if (!p) {
-		errno = ENOMEM;
+	struct emu_pd *p = emu_zalloc(sizeof *p);
+	if (!p)
 		return NULL;
-	}
 	struct emu_nic *nic = to_ectx(c)->nic;
 	pthread_mutex_lock(&nic->lock);
 	p->pdn = nic->next_pdn++;
@@ -43,22 +41,14 @@ static struct ibv_mr *reg_mr_common(struct ibv_pd *pd, void *addr, size_t len, u
 		return NULL;
 	}
 	struct emu_nic *nic = to_ectx(pd->context)->nic;
-	struct emu_mr *m = calloc(1, sizeof *m);
-	if (!m) {
-		errno = ENOMEM;
+	struct emu_mr *m = emu_zalloc(sizeof *m);
+	if (!m)
 		return NULL;
-	}
 	static uint8_t keytag;
 	pthread_mutex_lock(&nic->lock);
-	uint32_t idx;
-	for (idx = 1; idx < EMU_MAX_MR && nic->mrs[idx]; idx++)
-		;
-	if (idx == EMU_MAX_MR) {
-		pthread_mutex_unlock(&nic->lock);
-		free(m);
-		errno = ENOMEM;
-		return NULL;
-	}
+	uint32_t idx = EMU_FREE_SLOT(nic->mrs, EMU_MAX_MR);
+	if (idx == EMU_MAX_MR)
+		return emu_table_full(nic, m);
 	m->addr = (uint64_t)(uintptr_t)addr;
 	m->len = len;
 	m->access = access;

@@ -58,13 +58,12 @@ EXPORT void emu_qp_unregister(struct emu_nic *nic, struct emu_qp *qp)
 
 EXPORT int emu_cq_register(struct emu_nic *nic, struct emu_cq *cq)
 {
-	for (uint32_t i = 1; i < EMU_MAX_CQ; i++)
-		if (!nic->cqs[i]) {
-			nic->cqs[i] = cq;
-			cq->cqn = i;
-			return 0;
-		}
-	return -1;
+	uint32_t i = EMU_FREE_SLOT(nic->cqs, EMU_MAX_CQ);
+	if (i == EMU_MAX_CQ)
+		return -1;
+	nic->cqs[i] = cq;
+	cq->cqn = i;
+	return 0;
 }
 
 EXPORT struct emu_cq *emu_cq_lookup(struct emu_nic *nic, uint32_t cqn)

@@ -184,10 +184,52 @@ static void write_recv_wqe(uint8_t *wq, uint32_t stride, struct ibv_recv_wr *wr)
 	}
 }
 
+/* A receive ring as posting fills it: a QP's RQ or an SRQ. */
+struct recv_ring {
+	uint8_t *buf;
+	uint32_t stride, wqe_cnt, max_sge;
+	uint32_t room;            /* WQEs that may be outstanding at once */
+	uint64_t *wrid;
+	uint32_t *pi;             /* the application's producer index */
+	const uint32_t *done;     /* WQEs no longer outstanding (RQ: completions polled, SRQ: taken by the NIC) */
+	volatile uint32_t *dbrec; /* the ring's doorbell record */
+	struct emu_nic *nic;
+};
+
+/* Write the receive WQEs of the chain wr, then the doorbell record and a kick
+ * when any were written.  Returns 0, or the error of the first request not
+ * posted, which goes to *bad. */
+static int post_recv_ring(const struct recv_ring *r, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	int err = 0;
+	uint32_t first = *r->pi;
+	for (; wr; wr = wr->next) {
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > r->max_sge) {
+			err = EINVAL;
+			break;
+		}
+		if (*r->pi - __atomic_load_n(r->done, __ATOMIC_ACQUIRE) >= r->room) {
+			err = ENOMEM;
+			break;
+		}
+		uint32_t slot = *r->pi & (r->wqe_cnt - 1);
+		write_recv_wqe(r->buf + (size_t)slot * r->stride, r->stride, wr);
+		r->wrid[slot] = wr->wr_id;
+		(*r->pi)++;
+	}
+	if (*r->pi != first) {
+		__atomic_thread_fence(__ATOMIC_RELEASE);
+		*r->dbrec = htobe32(*r->pi & 0xffff);
+		emu_nic_kick(r->nic);
+	}
+	if (err)
+		*bad = wr;
+	return err;
+}
+
 int emu_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct emu_qp *qp = to_eqp(ibqp);
-	int err = 0, n = 0;
 	if (qp->srq) {
 		*bad = wr;
 		return EINVAL;
@@ -198,29 +240,22 @@ int emu_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_w
 		pthread_spin_unlock(&qp->rq_lock);
 		return EINVAL;
 	}
-	for (; wr; wr = wr->next) {
-		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->rq_max_sge) {
-			err = EINVAL;
-			break;
-		}
-		if (qp->rq_pi - qp->rq_tail >= qp->rq_wqe_cnt) {
-			err = ENOMEM;
-			break;
-		}
-		uint32_t slot = qp->rq_pi & (qp->rq_wqe_cnt - 1);
-		write_recv_wqe(qp->rq_buf + (size_t)slot * qp->rq_stride, qp->rq_stride, wr);
-		qp->rq_wrid[slot] = wr->wr_id;
-		qp->rq_pi++;
-		n++;
-	}
-	if (n) {
-		__atomic_thread_fence(__ATOMIC_RELEASE);
-		qp->dbrec[ST_MLX5_RCV_DBR] = htobe32(qp->rq_pi & 0xffff);
-		emu_nic_kick(qp->nic);
-	}
-	if (err)
-		*bad = wr;
+	struct recv_ring ring = { qp->rq_buf, qp->rq_stride, qp->rq_wqe_cnt, qp->rq_max_sge, qp->rq_wqe_cnt,
+				  qp->rq_wrid, &qp->rq_pi, &qp->rq_tail, &qp->dbrec[ST_MLX5_RCV_DBR], qp->nic };
+	int err = post_recv_ring(&ring, wr, bad);
 	pthread_spin_unlock(&qp->rq_lock);
+	return err;
+}
+
+int emu_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct emu_srq *s = (struct emu_srq *)srq;
+	pthread_spin_lock(&s->plock);
+	/* room: the max_wr srq_create reported, one less than the ring */
+	struct recv_ring ring = { s->buf, s->stride, s->wqe_cnt, s->max_sge, s->wqe_cnt - 1,
+				  s->wrid, &s->pi, &s->ci, &s->dbrec[0], to_ectx(srq->context)->nic };
+	int err = post_recv_ring(&ring, wr, bad);
+	pthread_spin_unlock(&s->plock);
 	return err;
 }
 
@@ -416,34 +451,3 @@ EXPORT void emu_qp_init_ex_ops(struct emu_qp *qp)
 }
 
 EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp) { return &to_eqp(qp)->qpx; }
-
-int emu_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
-{
-	struct emu_srq *s = (struct emu_srq *)srq;
-	int err = 0, n = 0;
-	pthread_spin_lock(&s->plock);
-	for (; wr; wr = wr->next) {
-		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_sge) {
-			err = EINVAL;
-			break;
-		}
-		if (s->pi - __atomic_load_n(&s->ci, __ATOMIC_ACQUIRE) >= s->wqe_cnt - 1) {
-			err = ENOMEM;
-			break;
-		}
-		uint32_t slot = s->pi & (s->wqe_cnt - 1);
-		write_recv_wqe(s->buf + (size_t)slot * s->stride, s->stride, wr);
-		s->wrid[slot] = wr->wr_id;
-		s->pi++;
-		n++;
-	}
-	if (n) {
-		__atomic_thread_fence(__ATOMIC_RELEASE);
-		s->dbrec[0] = htobe32(s->pi & 0xffff);
-		emu_nic_kick(to_ectx(srq->context)->nic);
-	}
-	if (err)
-		*bad = wr;
-	pthread_spin_unlock(&s->plock);
-	return err;
-}

@@ -21,11 +21,9 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 		errno = EINVAL;
 		return NULL;
 	}
-	struct emu_qp *qp = calloc(1, sizeof *qp);
-	if (!qp) {
-		errno = ENOMEM;
+	struct emu_qp *qp = emu_zalloc(sizeof *qp);
+	if (!qp)
 		return NULL;
-	}
 	/* send WQE size: ctrl + raddr + max(sges, inline, atomic) (ref §1) */
 	uint32_t sge_bytes = 32 + 16 * (ia->cap.max_send_sge ? ia->cap.max_send_sge : 1);
 	uint32_t inl_bytes = 32 + ((4 + ia->cap.max_inline_data + 15) & ~15u);
@@ -227,6 +225,20 @@ EXPORT void emu_qp_apply_reset(struct emu_qp *qp)
 	}
 }
 
+/* The attributes that ibv_modify_qp keeps as given and ibv_query_qp returns:
+ * X(mask bit, field of struct emu_qp, field of struct ibv_qp_attr). */
+#define EMU_QP_KEPT_ATTRS(X)                                  \
+	X(IBV_QP_ACCESS_FLAGS, qp_access, qp_access_flags)    \
+	X(IBV_QP_PORT, port, port_num)                        \
+	X(IBV_QP_PATH_MTU, mtu, path_mtu)                     \
+	X(IBV_QP_DEST_QPN, dest_qpn, dest_qp_num)             \
+	X(IBV_QP_RQ_PSN, rq_psn, rq_psn)                      \
+	X(IBV_QP_SQ_PSN, sq_psn, sq_psn)                      \
+	X(IBV_QP_TIMEOUT, timeout, timeout)                   \
+	X(IBV_QP_RETRY_CNT, retry_cnt, retry_cnt)             \
+	X(IBV_QP_RNR_RETRY, rnr_retry, rnr_retry)             \
+	X(IBV_QP_MIN_RNR_TIMER, min_rnr_timer, min_rnr_timer)
+
 EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 {
 	struct emu_qp *qp = to_eqp(ibqp);
@@ -256,26 +268,11 @@ EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask
 		pthread_mutex_unlock(&nic->lock);
 		return err;
 	}
-	if (mask & IBV_QP_ACCESS_FLAGS)
-		qp->qp_access = attr->qp_access_flags;
-	if (mask & IBV_QP_PORT)
-		qp->port = attr->port_num;
-	if (mask & IBV_QP_PATH_MTU)
-		qp->mtu = attr->path_mtu;
-	if (mask & IBV_QP_DEST_QPN)
-		qp->dest_qpn = attr->dest_qp_num;
-	if (mask & IBV_QP_RQ_PSN)
-		qp->rq_psn = attr->rq_psn;
-	if (mask & IBV_QP_SQ_PSN)
-		qp->sq_psn = attr->sq_psn;
-	if (mask & IBV_QP_TIMEOUT)
-		qp->timeout = attr->timeout;
-	if (mask & IBV_QP_RETRY_CNT)
-		qp->retry_cnt = attr->retry_cnt;
-	if (mask & IBV_QP_RNR_RETRY)
-		qp->rnr_retry = attr->rnr_retry;
-	if (mask & IBV_QP_MIN_RNR_TIMER)
-		qp->min_rnr_timer = attr->min_rnr_timer;
+#define KEEP_ATTR(bit, ours, theirs) \
+	if (mask & (bit))            \
+		qp->ours = attr->theirs;
+	EMU_QP_KEPT_ATTRS(KEEP_ATTR)
+#undef KEEP_ATTR
 	if (mask & IBV_QP_AV) {
 		qp->dlid = attr->ah_attr.dlid;
 		qp->is_global = attr->ah_attr.is_global;
@@ -305,16 +302,10 @@ EXPORT int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
 	memset(attr, 0, sizeof *attr);
 	attr->qp_state = (enum ibv_qp_state)qp->state;
 	attr->cur_qp_state = attr->qp_state;
-	attr->path_mtu = (enum ibv_mtu)qp->mtu;
-	attr->qp_access_flags = qp->qp_access;
-	attr->dest_qp_num = qp->dest_qpn;
-	attr->rq_psn = qp->rq_psn;
-	attr->sq_psn = qp->sq_psn;
-	attr->timeout = qp->timeout;
-	attr->retry_cnt = qp->retry_cnt;
-	attr->rnr_retry = qp->rnr_retry;
-	attr->min_rnr_timer = qp->min_rnr_timer;
-	attr->port_num = qp->port ? qp->port : 1;
+#define RETURN_ATTR(bit, ours, theirs) attr->theirs = qp->ours;
+	EMU_QP_KEPT_ATTRS(RETURN_ATTR)
+#undef RETURN_ATTR
+	attr->port_num = qp->port ? qp->port : 1; /* a QP never given a port is on port 1 */
 	attr->ah_attr.dlid = (uint16_t)qp->dlid;
 	attr->ah_attr.is_global = (uint8_t)qp->is_global;
 	memcpy(attr->ah_attr.grh.dgid.raw, qp->dgid, 16);

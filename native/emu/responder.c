@@ -20,6 +20,19 @@ void emu_free_pending(struct emu_qp *qp)
 }
 
 /* ---- responder -------------------------------------------------------------- */
+/* The header of every answer to req: it goes back to the requesting QP with
+ * the request's sequence number, which the requester matches (if_find). */
+static void answer_header(struct emu_pkt *h, struct emu_nic *nic, const struct emu_pkt *req, uint16_t type,
+			  uint32_t my_qpn)
+{
+	memset(h, 0, sizeof *h);
+	h->type = type;
+	h->dst_qpn = req->src_qpn;
+	h->src_qpn = my_qpn;
+	h->src_lid = nic->lid;
+	h->seq = req->seq;
+}
+
 static void respond(struct emu_nic *nic, const struct emu_pkt *req, uint16_t type, uint32_t syndrome,
 		    uint32_t my_qpn)
 {
@@ -27,12 +40,7 @@ static void respond(struct emu_nic *nic, const struct emu_pkt *req, uint16_t typ
 	if (!n)
 		return;
 	struct emu_pkt h;
-	memset(&h, 0, sizeof h);
-	h.type = type;
-	h.dst_qpn = req->src_qpn;
-	h.src_qpn = my_qpn;
-	h.src_lid = nic->lid;
-	h.seq = req->seq;
+	answer_header(&h, nic, req, type, my_qpn);
 	h.syndrome = syndrome;
 	h.flags = PF_FIRST | PF_LAST;
 	emu_node_send(n, &h, NULL, 0, 0);
@@ -206,12 +214,7 @@ static int responder_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu
 		if (!n)
 			return 0;
 		struct emu_pkt h;
-		memset(&h, 0, sizeof h);
-		h.type = PKT_READ_RESP;
-		h.dst_qpn = p->src_qpn;
-		h.src_qpn = qp->qpn;
-		h.src_lid = nic->lid;
-		h.seq = p->seq;
+		answer_header(&h, nic, p, PKT_READ_RESP, qp->qpn);
 		h.total = p->total;
 		struct emu_gather g = { (const uint8_t *)(uintptr_t)p->raddr, p->total };
 		uint32_t o = 0;
@@ -242,12 +245,7 @@ static int responder_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu
 		}
 		struct emu_node *n = emu_node_by_lid(nic, p->src_lid);
 		struct emu_pkt h;
-		memset(&h, 0, sizeof h);
-		h.type = PKT_ATOMIC_RESP;
-		h.dst_qpn = p->src_qpn;
-		h.src_qpn = qp->qpn;
-		h.src_lid = nic->lid;
-		h.seq = p->seq;
+		answer_header(&h, nic, p, PKT_ATOMIC_RESP, qp->qpn);
 		h.a = orig;
 		h.flags = PF_FIRST | PF_LAST;
 		emu_node_send(n, &h, NULL, 0, 0);

@@ -15,11 +15,9 @@ static struct ibv_srq *srq_create(struct ibv_context *c, struct ibv_pd *pd, stru
 		errno = EINVAL;
 		return NULL;
 	}
-	struct emu_srq *s = calloc(1, sizeof *s);
-	if (!s) {
-		errno = ENOMEM;
+	struct emu_srq *s = emu_zalloc(sizeof *s);
+	if (!s)
 		return NULL;
-	}
 	s->wqe_cnt = roundup_pow2(a->attr.max_wr + 1);
 	s->stride = roundup_pow2((a->attr.max_sge ? a->attr.max_sge : 1) * 16);
 	s->max_sge = s->stride / 16;
@@ -34,14 +32,10 @@ static struct ibv_srq *srq_create(struct ibv_context *c, struct ibv_pd *pd, stru
 	s->limit = a->attr.srq_limit;
 	pthread_spin_init(&s->plock, PTHREAD_PROCESS_PRIVATE);
 	pthread_mutex_lock(&nic->lock);
-	uint32_t i;
-	for (i = 1; i < 256 && g_srqs[i]; i++)
-		;
+	uint32_t i = EMU_FREE_SLOT(g_srqs, 256);
 	if (i == 256) {
-		pthread_mutex_unlock(&nic->lock);
-		free(s->buf); free(s->wrid); free(s);
-		errno = ENOMEM;
-		return NULL;
+		free(s->buf); free(s->wrid);
+		return emu_table_full(nic, s);
 	}
 	g_srqs[i] = s;
 	s->srqn = i;
