@@ -84,7 +84,9 @@ struct emu_pkt {
 	uint32_t offset;    /* offset of this chunk in the message */
 	uint32_t imm;       /* raw (network order) immediate / invalidate key */
 	uint32_t syndrome;  /* NAK */
-	uint64_t a, b;      /* atomic operands: FA add / CS swap, compare; resp: orig */
+	/* atomic operands as in the WQE (FA: add; CS: swap, compare); an
+	 * ATOMIC_RESP carries the original value in swap_add */
+	uint64_t swap_add, compare;
 	uint8_t  op;        /* mlx5 opcode of the request */
 	uint8_t  pad[7];
 	uint8_t  payload[];
@@ -229,7 +231,8 @@ struct emu_qp {
 	/* NIC side: requester */
 	uint32_t sq_exec;          /* next WQEBB index to execute */
 	uint32_t sq_announced;     /* producer index announced by doorbells */
-	struct emu_inflight *inflight; uint32_t if_head, if_tail, if_cap;
+	struct emu_inflight *inflight; /* ring: WQEs executed, not yet completed */
+	uint32_t inflight_head, inflight_tail, inflight_cap;
 	uint32_t next_seq;
 	/* NIC side: responder */
 	uint32_t rq_ci;            /* next RQ WQE to consume */
@@ -320,7 +323,7 @@ uint64_t emu_now_ns(void);
 void emu_identity(char *name, size_t n, uint64_t *guid, uint32_t *lid, uint8_t gid[16]);
 
 /* fabric.c */
-struct emu_gather { const uint8_t *p; uint32_t len; };
+struct emu_gather { const uint8_t *data; uint32_t len; }; /* a piece of a packet's payload */
 long emu_futex(volatile uint32_t *addr, int op, uint32_t val, const struct timespec *ts);
 void emu_nic_kick(struct emu_nic *nic);
 int emu_inbox_create(struct emu_nic *nic);

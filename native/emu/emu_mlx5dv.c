@@ -24,8 +24,8 @@ void emu_qp_apply_reset(struct emu_qp *qp);
  * part of the reference): OK 0, BAD_OP 2, BAD_PARAM 3, BAD_RES_STATE 9. */
 enum { CMD_OK = 0, CMD_BAD_OP = 2, CMD_BAD_PARAM = 3, CMD_BAD_RES_STATE = 9 };
 
-struct emu_devx_uar { struct mlx5dv_devx_uar pub; struct emu_uar *u; struct emu_nic *nic; };
-struct emu_devx_obj { int kind; void *p; struct emu_nic *nic; struct ibv_context *ctx; };
+struct emu_devx_uar { struct mlx5dv_devx_uar pub; struct emu_uar *uar; struct emu_nic *nic; };
+struct emu_devx_obj { int kind; void *object; struct emu_nic *nic; struct ibv_context *ctx; };
 enum { OBJ_QP = 1, OBJ_CQ = 2 };
 
 static int cmd_status(void *out, size_t outlen, int status, uint32_t syndrome)
@@ -43,14 +43,14 @@ static void devx_obj_release(struct emu_devx_obj *o)
 {
 	struct emu_nic *nic = o->nic;
 	if (o->kind == OBJ_QP) {
-		struct emu_qp *qp = o->p;
+		struct emu_qp *qp = o->object;
 		pthread_mutex_lock(&nic->lock);
 		emu_qp_unregister(nic, qp);
 		pthread_mutex_unlock(&nic->lock);
 		free(qp->inflight);
 		free(qp);
 	} else if (o->kind == OBJ_CQ) {
-		emu_cq_free(nic, o->p);
+		emu_cq_free(nic, o->object);
 	}
 }
 
@@ -172,18 +172,18 @@ EXPORT struct mlx5dv_devx_uar *mlx5dv_devx_alloc_uar(struct ibv_context *ctx, ui
 	if (!d)
 		return NULL;
 	pthread_mutex_lock(&nic->lock);
-	d->u = emu_uar_alloc(nic, 1);
+	d->uar = emu_uar_alloc(nic, 1);
 	pthread_mutex_unlock(&nic->lock);
-	if (!d->u) {
+	if (!d->uar) {
 		free(d);
 		errno = ENOMEM;
 		return NULL;
 	}
 	d->nic = nic;
-	d->u->devx_obj = d;
-	d->pub.base_addr = d->u->page;
-	d->pub.reg_addr = d->u->page + ST_MLX5_BF_OFFSET; /* ref §3.2 */
-	d->pub.page_id = d->u->page_id;
+	d->uar->devx_obj = d;
+	d->pub.base_addr = d->uar->page;
+	d->pub.reg_addr = d->uar->page + ST_MLX5_BF_OFFSET; /* ref §3.2 */
+	d->pub.page_id = d->uar->page_id;
 	d->pub.mmap_off = 0;
 	d->pub.comp_mask = 0;
 	emu_nic_kick(nic);
@@ -196,7 +196,7 @@ EXPORT void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *uar)
 	if (!d)
 		return;
 	pthread_mutex_lock(&d->nic->lock);
-	emu_uar_free(d->nic, d->u);
+	emu_uar_free(d->nic, d->uar);
 	pthread_mutex_unlock(&d->nic->lock);
 	free(d);
 }
@@ -317,8 +317,8 @@ struct emu_srq *emu_srq_lookup(uint32_t srqn);
 static struct emu_devx_obj *create_qp(struct ibv_context *ctx, struct emu_nic *nic, const void *in, void *out,
 				      size_t outlen)
 {
-	uint32_t st = (uint32_t)st_devx_get(in, ST_PRM_QPC_ST);
-	if (st != ST_MLX5_QPC_ST_RC || !st_devx_get(in, ST_PRM_CREATE_QP_WQ_UMEM_VALID)) {
+	uint32_t service_type = (uint32_t)st_devx_get(in, ST_PRM_QPC_ST);
+	if (service_type != ST_MLX5_QPC_ST_RC || !st_devx_get(in, ST_PRM_CREATE_QP_WQ_UMEM_VALID)) {
 		errno = cmd_status(out, outlen, CMD_BAD_PARAM, 0x10);
 		return NULL;
 	}
@@ -355,7 +355,7 @@ static struct emu_devx_obj *create_qp(struct ibv_context *ctx, struct emu_nic *n
 	qp->rcq = rcq ? rcq : scq;
 	qp->srq = srq;
 	qp->inflight = calloc(nbb, sizeof(struct emu_inflight));
-	qp->if_cap = nbb;
+	qp->inflight_cap = nbb;
 	qp->state = IBV_QPS_RESET;
 	uint32_t page = (uint32_t)st_devx_get(in, ST_PRM_QPC_UAR_PAGE);
 	pthread_mutex_lock(&nic->lock);
@@ -428,7 +428,7 @@ EXPORT int mlx5dv_devx_obj_modify(struct mlx5dv_devx_obj *obj, const void *in, s
 	uint32_t op = (uint32_t)st_devx_get(in, ST_PRM_CMD_OPCODE);
 	if (o->kind != OBJ_QP)
 		return cmd_status(out, outlen, CMD_BAD_OP, op);
-	struct emu_qp *qp = o->p;
+	struct emu_qp *qp = o->object;
 	if (st_devx_get(in, ST_PRM_MODIFY_QP_QPN) != qp->qpn)
 		return cmd_status(out, outlen, CMD_BAD_PARAM, 0x20);
 	if (op != ST_MLX5_CMD_OP_2ERR_QP && op != ST_MLX5_CMD_OP_2RST_QP && inlen < ST_PRM_MODIFY_QP_IN_SIZE)
@@ -496,7 +496,7 @@ EXPORT int mlx5dv_devx_obj_query(struct mlx5dv_devx_obj *obj, const void *in, si
 		return EINVAL;
 	uint32_t op = (uint32_t)st_devx_get(in, ST_PRM_CMD_OPCODE);
 	if (op == ST_MLX5_CMD_OP_QUERY_QP && o->kind == OBJ_QP) {
-		struct emu_qp *qp = o->p;
+		struct emu_qp *qp = o->object;
 		memset(out, 0, outlen);
 		cmd_status(out, outlen, CMD_OK, 0);
 		/* query_qp_out carries the qpc at bit 0xc0 like create_qp_in; qpc.state
@@ -522,7 +522,7 @@ EXPORT int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *obj)
 	if (o->kind == OBJ_CQ) {
 		pthread_mutex_lock(&nic->lock);
 		for (int i = 0; i < nic->nq; i++)
-			if (nic->qlist[i]->scq == o->p || nic->qlist[i]->rcq == o->p) {
+			if (nic->qlist[i]->scq == o->object || nic->qlist[i]->rcq == o->object) {
 				pthread_mutex_unlock(&nic->lock);
 				return EBUSY;
 			}

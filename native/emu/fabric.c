@@ -71,8 +71,8 @@ int emu_inbox_create(struct emu_nic *nic)
 	if (fd < 0)
 		return -1;
 	size_t len = sizeof(struct emu_inbox_hdr) + EMU_RING_BYTES;
-	struct stat st;
-	if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct emu_inbox_hdr)) {
+	struct stat shm_stat;
+	if (fstat(fd, &shm_stat) == 0 && (size_t)shm_stat.st_size >= sizeof(struct emu_inbox_hdr)) {
 		struct emu_inbox_hdr *old = mmap(NULL, sizeof *old, PROT_READ, MAP_SHARED, fd, 0);
 		if (old != MAP_FAILED) {
 			int busy = old->magic == EMU_INBOX_MAGIC && old->pid != getpid() && pid_alive(old->pid);
@@ -126,17 +126,17 @@ static struct emu_node *node_open(struct emu_nic *nic, const char *name)
 	int fd = shm_open(name, O_RDWR, 0);
 	if (fd < 0)
 		return NULL;
-	struct stat st;
-	if (fstat(fd, &st) < 0 || (size_t)st.st_size < sizeof(struct emu_inbox_hdr)) {
+	struct stat shm_stat;
+	if (fstat(fd, &shm_stat) < 0 || (size_t)shm_stat.st_size < sizeof(struct emu_inbox_hdr)) {
 		close(fd);
 		return NULL;
 	}
-	struct emu_inbox_hdr *h = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	struct emu_inbox_hdr *h = mmap(NULL, shm_stat.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
 	if (h == MAP_FAILED)
 		return NULL;
 	if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != EMU_INBOX_MAGIC || !pid_alive(h->pid)) {
-		munmap(h, st.st_size);
+		munmap(h, shm_stat.st_size);
 		return NULL;
 	}
 	struct emu_node *n = &nic->nodes[nic->nnodes++];
@@ -144,7 +144,7 @@ static struct emu_node *node_open(struct emu_nic *nic, const char *name)
 	n->lid = h->lid;
 	memcpy(n->gid, h->gid, 16);
 	n->hdr = h;
-	n->map_len = st.st_size;
+	n->map_len = shm_stat.st_size;
 	n->pid = h->pid;
 	return n;
 }
@@ -215,7 +215,7 @@ static void gather_copy(uint8_t *dst, const struct emu_gather *g, int ng, uint32
 		uint32_t n = g[i].len - off;
 		if (n > len)
 			n = len;
-		memcpy(dst, g[i].p + off, n);
+		memcpy(dst, g[i].data + off, n);
 		dst += n;
 		len -= n;
 		off = 0;
@@ -360,8 +360,8 @@ void emu_liveness(struct emu_nic *nic)
 				continue;
 			/* the transport would exhaust its retries: first outstanding WR
 			 * completes with RETRY_EXC, the QP enters ERR, the rest flush */
-			for (uint32_t k = qp->if_head; k != qp->if_tail; k++) {
-				struct emu_inflight *f = &qp->inflight[k % qp->if_cap];
+			for (uint32_t k = qp->inflight_head; k != qp->inflight_tail; k++) {
+				struct emu_inflight *f = &qp->inflight[k % qp->inflight_cap];
 				if (!f->done) {
 					f->done = 1;
 					f->syndrome = ST_MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR;

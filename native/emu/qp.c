@@ -66,7 +66,7 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 	qp->own_bufs = 1;
 	qp->rq_buf = qp->qp_buf;            /* RQ at offset 0, SQ after it (ref §1.1) */
 	qp->sq_buf = qp->qp_buf + rq_bytes;
-	qp->if_cap = qp->sq_wqebb;
+	qp->inflight_cap = qp->sq_wqebb;
 	qp->dbrec = (volatile uint32_t *)qp->dbr_storage;
 	pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
 	pthread_spin_init(&qp->rq_lock, PTHREAD_PROCESS_PRIVATE);

@@ -70,11 +70,11 @@ void emu_cqe_err(struct emu_cq *cq, struct emu_qp *qp, int resp, uint16_t wqe_id
 }
 
 /* ---- requester ------------------------------------------------------------ */
-static struct emu_inflight *if_push(struct emu_qp *qp)
+static struct emu_inflight *inflight_push(struct emu_qp *qp)
 {
-	if (qp->if_tail - qp->if_head >= qp->if_cap)
+	if (qp->inflight_tail - qp->inflight_head >= qp->inflight_cap)
 		return NULL;
-	struct emu_inflight *f = &qp->inflight[qp->if_tail++ % qp->if_cap];
+	struct emu_inflight *f = &qp->inflight[qp->inflight_tail++ % qp->inflight_cap];
 	memset(f, 0, offsetof(struct emu_inflight, sge));
 	f->nsge = 0;
 	return f;
@@ -82,11 +82,11 @@ static struct emu_inflight *if_push(struct emu_qp *qp)
 
 void emu_drain_inflight(struct emu_qp *qp)
 {
-	while (qp->if_head != qp->if_tail) {
-		struct emu_inflight *f = &qp->inflight[qp->if_head % qp->if_cap];
+	while (qp->inflight_head != qp->inflight_tail) {
+		struct emu_inflight *f = &qp->inflight[qp->inflight_head % qp->inflight_cap];
 		if (!f->done)
 			break;
-		qp->if_head++;
+		qp->inflight_head++;
 		if (f->syndrome) {
 			emu_cqe_err(qp->scq, qp, 0, f->wqe_idx, f->opcode, f->syndrome);
 			if (f->syndrome != ST_MLX5_CQE_SYNDROME_WR_FLUSH_ERR)
@@ -103,8 +103,8 @@ EXPORT void emu_qp_to_error(struct emu_qp *qp)
 {
 	qp->state = IBV_QPS_ERR;
 	qp->qpx.qp_base.state = IBV_QPS_ERR;
-	for (uint32_t i = qp->if_head; i != qp->if_tail; i++) {
-		struct emu_inflight *f = &qp->inflight[i % qp->if_cap];
+	for (uint32_t i = qp->inflight_head; i != qp->inflight_tail; i++) {
+		struct emu_inflight *f = &qp->inflight[i % qp->inflight_cap];
 		if (!f->done) {
 			f->done = 1;
 			f->syndrome = ST_MLX5_CQE_SYNDROME_WR_FLUSH_ERR;
@@ -118,7 +118,7 @@ EXPORT void emu_qp_to_error(struct emu_qp *qp)
 
 EXPORT void emu_qp_reset_nic_state(struct emu_qp *qp)
 {
-	qp->if_head = qp->if_tail = 0;
+	qp->inflight_head = qp->inflight_tail = 0;
 	qp->sq_exec = qp->sq_announced = 0;
 	qp->rq_ci = 0;
 	qp->resp_active = 0;
@@ -161,12 +161,12 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 		nbb = ST_MLX5_SEND_WQE_MAX_WQEBBS, ds = nbb * 4;
 	if (qp->peer && qp->peer->outq_bytes > EMU_OUTQ_LIMIT)
 		return EXEC_STALL;
-	if (qp->if_tail - qp->if_head >= qp->if_cap)
+	if (qp->inflight_tail - qp->inflight_head >= qp->inflight_cap)
 		return EXEC_STALL;
 	sq_read(qp, idx, 0, w, ds * 16);
 	int signaled = (ctrl.fm_ce_se & ST_MLX5_WQE_CTRL_CE_MASK) == ST_MLX5_WQE_CTRL_CQ_UPDATE ||
 		       (ctrl.fm_ce_se & ST_MLX5_WQE_CTRL_CE_MASK) == ST_MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE;
-	struct emu_inflight *f = if_push(qp);
+	struct emu_inflight *f = inflight_push(qp);
 	f->wqe_idx = (uint16_t)idx;
 	f->opcode = (uint8_t)opcode;
 	f->signaled = (uint8_t)signaled;
@@ -230,8 +230,8 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 		const struct st_mlx5_wqe_atomic_seg *as = (const void *)(w + off);
 		off += 16;
 		const struct st_mlx5_wqe_data_seg *d = (const void *)(w + off);
-		h.a = be64toh(as->swap_add);
-		h.b = be64toh(as->compare);
+		h.swap_add = be64toh(as->swap_add);
+		h.compare = be64toh(as->compare);
 		uint32_t len = be32toh(d->byte_count), lkey = be32toh(d->lkey);
 		uint64_t addr = be64toh(d->addr);
 		if (len < 8 || emu_check_local(nic, lkey, addr, 8, 1))
@@ -277,7 +277,7 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 			uint32_t len = bc & 0x3ff;
 			if (off + 4 + len > ds * 16)
 				FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
-			g[ng].p = w + off + 4;
+			g[ng].data = w + off + 4;
 			g[ng].len = len;
 			ng++;
 			total += len;
@@ -291,7 +291,7 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 			uint64_t addr = be64toh(d->addr);
 			if (emu_check_local(nic, lkey, addr, len, 0))
 				FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
-			g[ng].p = (const uint8_t *)(uintptr_t)addr;
+			g[ng].data = (const uint8_t *)(uintptr_t)addr;
 			g[ng].len = len;
 			ng++;
 			total += len;
@@ -328,10 +328,10 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 #undef FAIL
 }
 
-static struct emu_inflight *if_find(struct emu_qp *qp, uint32_t seq)
+static struct emu_inflight *inflight_find(struct emu_qp *qp, uint32_t seq)
 {
-	for (uint32_t i = qp->if_head; i != qp->if_tail; i++) {
-		struct emu_inflight *f = &qp->inflight[i % qp->if_cap];
+	for (uint32_t i = qp->inflight_head; i != qp->inflight_tail; i++) {
+		struct emu_inflight *f = &qp->inflight[i % qp->inflight_cap];
 		if (!f->done && f->seq == seq)
 			return f;
 	}
@@ -340,7 +340,7 @@ static struct emu_inflight *if_find(struct emu_qp *qp, uint32_t seq)
 
 void emu_requester_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu_pkt *p)
 {
-	struct emu_inflight *f = if_find(qp, p->seq);
+	struct emu_inflight *f = inflight_find(qp, p->seq);
 	if (!f)
 		return;
 	switch (p->type) {
@@ -382,7 +382,7 @@ void emu_requester_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu_p
 	}
 	case PKT_ATOMIC_RESP:
 		if (f->nsge && !emu_check_local(nic, f->sge[0].lkey, f->sge[0].addr, 8, 1))
-			memcpy((void *)(uintptr_t)f->sge[0].addr, &p->a, 8);
+			memcpy((void *)(uintptr_t)f->sge[0].addr, &p->swap_add, 8);
 		f->done = 1;
 		f->byte_len = 8;
 		break;

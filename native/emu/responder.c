@@ -21,7 +21,7 @@ void emu_free_pending(struct emu_qp *qp)
 
 /* ---- responder -------------------------------------------------------------- */
 /* The header of every answer to req: it goes back to the requesting QP with
- * the request's sequence number, which the requester matches (if_find). */
+ * the request's sequence number, which the requester matches (inflight_find). */
 static void answer_header(struct emu_pkt *h, struct emu_nic *nic, const struct emu_pkt *req, uint16_t type,
 			  uint32_t my_qpn)
 {
@@ -238,15 +238,15 @@ static int responder_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu
 		}
 		uint64_t *t = (uint64_t *)(uintptr_t)p->raddr, orig;
 		if (p->op == ST_MLX5_OPCODE_ATOMIC_FA) {
-			orig = __atomic_fetch_add(t, p->a, __ATOMIC_SEQ_CST);
+			orig = __atomic_fetch_add(t, p->swap_add, __ATOMIC_SEQ_CST);
 		} else {
-			orig = p->b;
-			__atomic_compare_exchange_n(t, &orig, p->a, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+			orig = p->compare;
+			__atomic_compare_exchange_n(t, &orig, p->swap_add, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 		}
 		struct emu_node *n = emu_node_by_lid(nic, p->src_lid);
 		struct emu_pkt h;
 		answer_header(&h, nic, p, PKT_ATOMIC_RESP, qp->qpn);
-		h.a = orig;
+		h.swap_add = orig;
 		h.flags = PF_FIRST | PF_LAST;
 		emu_node_send(n, &h, NULL, 0, 0);
 		return 0;

@@ -29,11 +29,11 @@
 
 #include "emucuda_internal.h"
 
-int initialized;
-int ndevices = 1;
+int driver_initialized;
+int device_count = 1;
 
-struct emu_ctx ctxs[8];
-__thread CUcontext cur_ctx;
+struct emu_ctx primary_ctxs[8];
+__thread CUcontext current_ctx;
 
 /* ---- init, devices, contexts -------------------------------------------- */
 EXPORT CUresult cuInit(unsigned flags)
@@ -41,7 +41,7 @@ EXPORT CUresult cuInit(unsigned flags)
 	if (flags)
 		return CUDA_ERROR_INVALID_VALUE;
 	emucu_window_init();
-	initialized = 1;
+	driver_initialized = 1;
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDriverGetVersion(int *v)
@@ -56,7 +56,7 @@ EXPORT CUresult cuDeviceGetCount(int *n)
 	NEED_INIT();
 	if (!n)
 		return CUDA_ERROR_INVALID_VALUE;
-	*n = ndevices;
+	*n = device_count;
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
@@ -64,7 +64,7 @@ EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
 	NEED_INIT();
 	if (!d)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (ordinal < 0 || ordinal >= ndevices)
+	if (ordinal < 0 || ordinal >= device_count)
 		return CUDA_ERROR_INVALID_DEVICE;
 	*d = ordinal;
 	return CUDA_SUCCESS;
@@ -82,7 +82,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
 	NEED_INIT();
 	if (!v)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (d < 0 || d >= ndevices)
+	if (d < 0 || d >= device_count)
 		return CUDA_ERROR_INVALID_DEVICE;
 	switch (attr) {
 	case 16: *v = 4; break;                   /* MULTIPROCESSOR_COUNT */
@@ -105,7 +105,7 @@ EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
 	NEED_INIT();
 	if (!u)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (d < 0 || d >= ndevices)
+	if (d < 0 || d >= device_count)
 		return CUDA_ERROR_INVALID_DEVICE;
 	static const char base[16] = {'s', 'i', 'g', 'm', 'a', 't', 'r', 'a', 'c', 'e', '-', 'e', 'm', 'u', 0, 0};
 	memcpy(u->bytes, base, 16);
@@ -142,10 +142,10 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 	NEED_INIT();
 	if (!c)
 		return CUDA_ERROR_INVALID_VALUE;
-	if (d < 0 || d >= ndevices)
+	if (d < 0 || d >= device_count)
 		return CUDA_ERROR_INVALID_DEVICE;
-	__atomic_fetch_add(&ctxs[d].refs, 1, __ATOMIC_RELAXED);
-	*c = &ctxs[d];
+	__atomic_fetch_add(&primary_ctxs[d].refs, 1, __ATOMIC_RELAXED);
+	*c = &primary_ctxs[d];
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { NEED_INIT(); return CUDA_SUCCESS; }
@@ -154,21 +154,21 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d)
 {
 	CUresult r = cuDevicePrimaryCtxRetain(c, d);
 	if (!r)
-		cur_ctx = *c;
+		current_ctx = *c;
 	return r;
 }
 EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned flags, CUdevice d) { return cuCtxCreate_v2(c, flags, d); }
 EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *p, int n, unsigned flags, CUdevice d) { return cuCtxCreate_v2(c, flags, d); }
 EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned flags, CUdevice d) { return cuCtxCreate_v2(c, flags, d); }
-EXPORT CUresult cuCtxDestroy_v2(CUcontext c) { NEED_INIT(); if (cur_ctx == c) cur_ctx = NULL; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) { NEED_INIT(); if (current_ctx == c) current_ctx = NULL; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxDestroy(CUcontext c) { return cuCtxDestroy_v2(c); }
-EXPORT CUresult cuCtxSetCurrent(CUcontext c) { NEED_INIT(); cur_ctx = c; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) { NEED_INIT(); current_ctx = c; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxGetCurrent(CUcontext *c)
 {
 	NEED_INIT();
 	if (!c)
 		return CUDA_ERROR_INVALID_VALUE;
-	*c = cur_ctx;
+	*c = current_ctx;
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) { return cuCtxSetCurrent(c); }
@@ -176,16 +176,16 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c)
 {
 	NEED_INIT();
 	if (c)
-		*c = cur_ctx;
-	cur_ctx = NULL;
+		*c = current_ctx;
+	current_ctx = NULL;
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d)
 {
 	NEED_INIT();
-	if (!cur_ctx)
+	if (!current_ctx)
 		return CUDA_ERROR_INVALID_CONTEXT;
-	*d = cur_ctx->device;
+	*d = current_ctx->device;
 	return CUDA_SUCCESS;
 }
 

@@ -53,21 +53,22 @@ struct emu_ctx {
 	int device;
 	int refs;
 };
-extern HIDDEN int initialized;
-extern HIDDEN int ndevices;
-extern HIDDEN struct emu_ctx ctxs[8];
-extern HIDDEN __thread CUcontext cur_ctx;
+extern HIDDEN int driver_initialized;
+extern HIDDEN int device_count;
+extern HIDDEN struct emu_ctx primary_ctxs[8];
+extern HIDDEN __thread CUcontext current_ctx;
 
-#define NEED_INIT()                                  \
-	do {                                         \
-		if (!initialized)                    \
+/* The checks every entry point starts with, as the driver makes them. */
+#define NEED_INIT()                                        \
+	do {                                               \
+		if (!driver_initialized)                   \
 			return CUDA_ERROR_NOT_INITIALIZED; \
 	} while (0)
 
-#define NEED_CTX()                                   \
-	do {                                         \
-		NEED_INIT();                         \
-		if (!cur_ctx)                        \
+#define NEED_CTX()                                         \
+	do {                                               \
+		NEED_INIT();                               \
+		if (!current_ctx)                          \
 			return CUDA_ERROR_INVALID_CONTEXT; \
 	} while (0)
 
@@ -103,7 +104,7 @@ CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n);
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, CUstream s);
 CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, CUstream s);
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, CUstream s);
-CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st);
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream);
 CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n);
 CUresult cuEventCreate(CUevent *pe, unsigned flags);
 CUresult cuEventRecord(CUevent e, CUstream s);

@@ -42,9 +42,9 @@ static void init_fn(void)
 	window_next = 1ull << 21; /* keep the first 2 MiB unused: no device pointer is near 0 */
 	const char *n = getenv("EMUCUDA_DEVICES");
 	if (n && atoi(n) > 0 && atoi(n) <= 8)
-		ndevices = atoi(n);
+		device_count = atoi(n);
 	for (int i = 0; i < 8; i++)
-		ctxs[i].device = i;
+		primary_ctxs[i].device = i;
 }
 
 void emucu_window_init(void)
@@ -121,11 +121,11 @@ EXPORT void *emucu_translate(uint64_t dptr, size_t len)
 
 static void *gpu_xlate(uint64_t dptr, size_t len, const char *what, int count_store)
 {
-	int hm = 0;
+	int hostmapped = 0;
 	void *p = NULL;
 	if (window) {
 		pthread_rwlock_rdlock(&pt_lock);
-		p = xlate_locked(dptr, len, &hm);
+		p = xlate_locked(dptr, len, &hostmapped);
 		pthread_rwlock_unlock(&pt_lock);
 	}
 	if (!p) {
@@ -133,7 +133,7 @@ static void *gpu_xlate(uint64_t dptr, size_t len, const char *what, int count_st
 			(unsigned long long)dptr);
 		abort();
 	}
-	if (hm && count_store)
+	if (hostmapped && count_store)
 		__atomic_fetch_add(&hostmapped_stores, 1, __ATOMIC_RELAXED);
 	return p;
 }
@@ -190,7 +190,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dp, size_t size)
 		pthread_rwlock_unlock(&pt_lock);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	maps[nmaps++] = (struct map){.dva = d, .size = sz, .kind = MAP_DEV, .device = cur_ctx->device,
+	maps[nmaps++] = (struct map){.dva = d, .size = sz, .kind = MAP_DEV, .device = current_ctx->device,
 				     .buffer_id = next_buffer_id++};
 	pthread_rwlock_unlock(&pt_lock);
 	*dp = d;
@@ -256,7 +256,7 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	maps[nmaps++] = (struct map){.dva = d, .size = sz, .kind = MAP_HOSTREG, .flags = flags, .host_pg = start,
-				     .reg_ptr = (uintptr_t)p, .reg_size = size, .device = cur_ctx->device,
+				     .reg_ptr = (uintptr_t)p, .reg_size = size, .device = current_ctx->device,
 				     .buffer_id = next_buffer_id++};
 	pthread_rwlock_unlock(&pt_lock);
 	return CUDA_SUCCESS;
@@ -341,7 +341,7 @@ static CUresult ptr_attr(void *data, int attr, CUdeviceptr ptr)
 		return CUDA_ERROR_INVALID_VALUE;
 	}
 	switch (attr) {
-	case 1: *(CUcontext *)data = &ctxs[m->device]; break;
+	case 1: *(CUcontext *)data = &primary_ctxs[m->device]; break;
 	case 2: *(unsigned *)data = m->kind == MAP_DEV ? 2u : 1u; break;
 	case 3: *(CUdeviceptr *)data = dev; break;
 	case 4:

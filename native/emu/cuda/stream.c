@@ -8,8 +8,8 @@
 
 /* ---- streams, events, copies ----------------------------------------------------------- */
 enum { OP_COPY = 1, OP_EVENT = 2, OP_SET = 3 };
-struct op {
-	struct op *next;
+struct stream_op {
+	struct stream_op *next;
 	int kind;
 	uint64_t dst, src;
 	size_t n;
@@ -20,7 +20,7 @@ struct op {
 struct emu_stream {
 	pthread_mutex_t lock;
 	pthread_cond_t cond, done_cond;
-	struct op *head, *tail;
+	struct stream_op *head, *tail;
 	uint64_t submitted, completed;
 	int stop;
 	pthread_t thr;
@@ -33,7 +33,7 @@ struct emu_event {
 	unsigned flags;
 };
 
-static int exec_op(struct op *o)
+static int exec_op(struct stream_op *o)
 {
 	if (o->kind == OP_COPY) {
 		void *d = emucu_xlate_any(o->dst, o->n), *s = emucu_xlate_any(o->src, o->n);
@@ -59,7 +59,7 @@ static void *copy_engine(void *arg)
 			pthread_cond_wait(&s->cond, &s->lock);
 		if (!s->head && s->stop)
 			break;
-		struct op *o = s->head;
+		struct stream_op *o = s->head;
 		s->head = o->next;
 		if (!s->head)
 			s->tail = NULL;
@@ -96,7 +96,7 @@ EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned flags)
 }
 EXPORT CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned flags, int prio) { return cuStreamCreate(ps, flags); }
 
-static uint64_t enqueue(struct emu_stream *s, struct op *o)
+static uint64_t enqueue(struct emu_stream *s, struct stream_op *o)
 {
 	pthread_mutex_lock(&s->lock);
 	o->ticket = ++s->submitted;
@@ -157,13 +157,13 @@ static CUresult copy(uint64_t dst, uint64_t src, size_t n, CUstream s, int check
 	if ((check_dst && !emucu_translate(dst, n)) || (check_src && !emucu_translate(src, n)))
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!s) {
-		struct op o = {.kind = OP_COPY, .dst = dst, .src = src, .n = n};
+		struct stream_op o = {.kind = OP_COPY, .dst = dst, .src = src, .n = n};
 		return exec_op(&o) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 	}
-	struct op *o = calloc(1, sizeof *o);
+	struct stream_op *o = calloc(1, sizeof *o);
 	if (!o)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	*o = (struct op){.kind = OP_COPY, .dst = dst, .src = src, .n = n};
+	*o = (struct stream_op){.kind = OP_COPY, .dst = dst, .src = src, .n = n};
 	enqueue(s, o);
 	return CUDA_SUCCESS;
 }
@@ -184,7 +184,7 @@ EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, C
 {
 	return copy(d, src, n, s, 1, 1);
 }
-EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return copy(d, s, n, st, 0, 0); }
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) { return copy(dst, src, n, stream, 0, 0); }
 EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 {
 	NEED_CTX();
@@ -216,7 +216,7 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 		e->s = NULL;
 		return CUDA_SUCCESS;
 	}
-	struct op *o = calloc(1, sizeof *o);
+	struct stream_op *o = calloc(1, sizeof *o);
 	if (!o)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	o->kind = OP_EVENT;
