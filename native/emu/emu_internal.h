@@ -1,13 +1,18 @@
-/* Internal definitions of the sigmatrace emulated mlx5 HCA (test-only).
- * See docs/emulator.md for the design. */
+/* Internal definitions of the sigmatrace emulated mlx5 HCA (test-only): the
+ * one private header of libibverbs.so.1 and libmlx5.so.1 of native/emu.
+ * See docs/emulator.md for the design and the source layout. */
 #ifndef ST_EMU_INTERNAL_H
 #define ST_EMU_INTERNAL_H
 
+#include <errno.h>
 #include <infiniband/verbs.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sigmatrace/mlx5.h"
@@ -79,7 +84,9 @@ struct emu_pkt {
 	uint32_t offset;    /* offset of this chunk in the message */
 	uint32_t imm;       /* raw (network order) immediate / invalidate key */
 	uint32_t syndrome;  /* NAK */
-	uint64_t a, b;      /* atomic operands: FA add / CS swap, compare; resp: orig */
+	/* atomic operands as in the WQE (FA: add; CS: swap, compare); an
+	 * ATOMIC_RESP carries the original value in swap_add */
+	uint64_t swap_add, compare;
 	uint8_t  op;        /* mlx5 opcode of the request */
 	uint8_t  pad[7];
 	uint8_t  payload[];
@@ -224,7 +231,8 @@ struct emu_qp {
 	/* NIC side: requester */
 	uint32_t sq_exec;          /* next WQEBB index to execute */
 	uint32_t sq_announced;     /* producer index announced by doorbells */
-	struct emu_inflight *inflight; uint32_t if_head, if_tail, if_cap;
+	struct emu_inflight *inflight; /* ring: WQEs executed, not yet completed */
+	uint32_t inflight_head, inflight_tail, inflight_cap;
 	uint32_t next_seq;
 	/* NIC side: responder */
 	uint32_t rq_ci;            /* next RQ WQE to consume */
@@ -277,28 +285,113 @@ struct emu_nic {
 	uint64_t last_liveness_ns;
 };
 
-/* nic / fabric */
+/* ---- helpers shared by the objects' calls -------------------------------- */
+/* A zeroed object for a verbs call: NULL with errno ENOMEM, the way the
+ * verbs that return pointers report failure. */
+static inline void *emu_zalloc(size_t size)
+{
+	void *p = calloc(1, size);
+	if (!p)
+		errno = ENOMEM;
+	return p;
+}
+
+/* The first free slot of an object table: tables start at 1 (0 is never a
+ * handle); n when slots 1..n-1 are all taken. */
+#define EMU_FREE_SLOT(table, n)                                 \
+	({                                                      \
+		uint32_t slot_ = 1;                             \
+		while (slot_ < (uint32_t)(n) && (table)[slot_]) \
+			slot_++;                                \
+		slot_;                                          \
+	})
+
+/* An object table is full: drop the NIC lock and the new object, and fail
+ * with ENOMEM. */
+static inline void *emu_table_full(struct emu_nic *nic, void *obj)
+{
+	pthread_mutex_unlock(&nic->lock);
+	free(obj);
+	errno = ENOMEM;
+	return NULL;
+}
+
+/* nic.c */
 struct emu_nic *emu_nic_get(void);
 void emu_nic_put(struct emu_nic *nic);
-void emu_nic_kick(struct emu_nic *nic);
 uint64_t emu_now_ns(void);
+void emu_identity(char *name, size_t n, uint64_t *guid, uint32_t *lid, uint8_t gid[16]);
+
+/* fabric.c */
+struct emu_gather { const uint8_t *data; uint32_t len; }; /* a piece of a packet's payload */
+long emu_futex(volatile uint32_t *addr, int op, uint32_t val, const struct timespec *ts);
+void emu_nic_kick(struct emu_nic *nic);
+int emu_inbox_create(struct emu_nic *nic);
+struct emu_node *emu_node_by_lid(struct emu_nic *nic, uint32_t lid);
+void emu_resolve_peer(struct emu_qp *qp);
+/* Send one packet (header + payload gathered from g at off) to node n. */
+void emu_node_send(struct emu_node *n, struct emu_pkt *hdr, const struct emu_gather *g, int ng, uint32_t off);
+int emu_node_flush(struct emu_node *n);
+int emu_service_inbox(struct emu_nic *nic);
+void emu_liveness(struct emu_nic *nic);
+
+/* objects.c (NIC lock held) */
 struct emu_mr *emu_mr_lookup(struct emu_nic *nic, uint32_t key);
+int emu_check_local(struct emu_nic *nic, uint32_t lkey, uint64_t addr, uint32_t len, int need_write);
 struct emu_qp *emu_qp_lookup(struct emu_nic *nic, uint32_t qpn);
-void emu_cq_write(struct emu_cq *cq, const struct st_mlx5_cqe64 *cqe);
-void emu_qp_to_error(struct emu_qp *qp);    /* NIC lock held */
-void emu_qp_reset_nic_state(struct emu_qp *qp); /* NIC lock held */
-struct emu_uar *emu_uar_alloc(struct emu_nic *nic, int devx);
-void emu_uar_free(struct emu_nic *nic, struct emu_uar *u);
 int emu_qp_register(struct emu_nic *nic, struct emu_qp *qp); /* assigns qpn */
 void emu_qp_unregister(struct emu_nic *nic, struct emu_qp *qp);
 int emu_cq_register(struct emu_nic *nic, struct emu_cq *cq);
 struct emu_cq *emu_cq_lookup(struct emu_nic *nic, uint32_t cqn);
-void emu_resolve_peer(struct emu_qp *qp);
-void emu_identity(char *name, size_t n, uint64_t *guid, uint32_t *lid, uint8_t gid[16]);
+struct emu_uar *emu_uar_alloc(struct emu_nic *nic, int devx);
+void emu_uar_free(struct emu_nic *nic, struct emu_uar *u);
+
+/* requester.c */
+void emu_cq_write(struct emu_cq *cq, const struct st_mlx5_cqe64 *cqe);
+void emu_cqe_err(struct emu_cq *cq, struct emu_qp *qp, int resp, uint16_t wqe_idx, uint8_t opcode, uint8_t syndrome);
+void emu_drain_inflight(struct emu_qp *qp);
+void emu_qp_to_error(struct emu_qp *qp);    /* NIC lock held */
+void emu_qp_reset_nic_state(struct emu_qp *qp); /* NIC lock held */
+void emu_requester_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu_pkt *p);
+int emu_service_qps(struct emu_nic *nic);
+
+/* responder.c */
+void emu_free_pending(struct emu_qp *qp);
+void emu_flush_rq(struct emu_qp *qp);
+void emu_inbox_dispatch(struct emu_nic *nic, const struct emu_pkt *p);
+int emu_service_pending(struct emu_nic *nic, struct emu_qp *qp);
+
+/* doorbell.c */
+int emu_scan_uars(struct emu_nic *nic);
+
+/* ---- verbs side ------------------------------------------------------------ */
+static inline struct emu_context *to_ectx(struct ibv_context *c)
+{
+	return (struct emu_context *)((char *)c - offsetof(struct emu_context, vctx.context));
+}
+static inline struct emu_qp *to_eqp(struct ibv_qp *q) { return (struct emu_qp *)q; }
+static inline struct emu_cq *to_ecq(struct ibv_cq *c) { return (struct emu_cq *)c; }
+
+static inline uint32_t roundup_pow2(uint32_t v)
+{
+	uint32_t r = 1;
+	while (r < v)
+		r <<= 1;
+	return r;
+}
+
+/* the context's ops (ibv_open_device, device.c) */
+int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);       /* post.c */
+int emu_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);       /* post.c */
+int emu_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad); /* post.c */
+int emu_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);                                 /* cq.c */
+int emu_req_notify_cq(struct ibv_cq *cq, int sol);                                            /* cq.c */
+struct ibv_qp *emu_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_attr_ex *a);        /* qp.c */
+struct ibv_srq *emu_create_srq_ex(struct ibv_context *c, struct ibv_srq_init_attr_ex *a);     /* srq.c */
 
 /* verbs helpers shared with devx */
-void emu_qp_init_ex_ops(struct emu_qp *qp);
-int emu_qp_modify_state(struct emu_qp *qp, int cur, int new_state); /* validates */
-const char *emu_state_name(int s);
+void emu_qp_init_ex_ops(struct emu_qp *qp);                          /* post.c */
+int emu_qp_modify_state(struct emu_qp *qp, int cur, int new_state); /* qp.c, validates */
+const char *emu_state_name(int s);                                  /* qp.c */
 
 #endif

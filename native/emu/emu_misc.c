@@ -70,40 +70,26 @@ EXPORT const char *ibv_event_type_str(enum ibv_event_type e)
 	return buf;
 }
 
-static const struct { int rate, mult, mbps; } rates[] = {
+/* One row per rate: the four conversions below look a value up in one column
+ * and return the other. */
+enum { RATE, MULT, MBPS };
+static const int rates[][3] = {
 	{ IBV_RATE_2_5_GBPS, 1, 2500 },  { IBV_RATE_5_GBPS, 2, 5000 },   { IBV_RATE_10_GBPS, 4, 10000 },
 	{ IBV_RATE_20_GBPS, 8, 20000 },  { IBV_RATE_30_GBPS, 12, 30000 }, { IBV_RATE_40_GBPS, 16, 40000 },
 	{ IBV_RATE_60_GBPS, 24, 60000 }, { IBV_RATE_80_GBPS, 32, 80000 }, { IBV_RATE_120_GBPS, 48, 120000 },
 	{ IBV_RATE_100_GBPS, 40, 100000 }, { IBV_RATE_200_GBPS, 80, 200000 }, { IBV_RATE_400_GBPS, 160, 400000 },
 };
-EXPORT int ibv_rate_to_mult(enum ibv_rate r)
+static int rate_convert(int from, int value, int to, int unknown)
 {
 	for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
-		if (rates[i].rate == (int)r)
-			return rates[i].mult;
-	return -1;
+		if (rates[i][from] == value)
+			return rates[i][to];
+	return unknown;
 }
-EXPORT enum ibv_rate mult_to_ibv_rate(int m)
-{
-	for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
-		if (rates[i].mult == m)
-			return (enum ibv_rate)rates[i].rate;
-	return IBV_RATE_MAX;
-}
-EXPORT int ibv_rate_to_mbps(enum ibv_rate r)
-{
-	for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
-		if (rates[i].rate == (int)r)
-			return rates[i].mbps;
-	return -1;
-}
-EXPORT enum ibv_rate mbps_to_ibv_rate(int m)
-{
-	for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
-		if (rates[i].mbps == m)
-			return (enum ibv_rate)rates[i].rate;
-	return IBV_RATE_MAX;
-}
+EXPORT int ibv_rate_to_mult(enum ibv_rate r) { return rate_convert(RATE, (int)r, MULT, -1); }
+EXPORT enum ibv_rate mult_to_ibv_rate(int m) { return (enum ibv_rate)rate_convert(MULT, m, RATE, IBV_RATE_MAX); }
+EXPORT int ibv_rate_to_mbps(enum ibv_rate r) { return rate_convert(RATE, (int)r, MBPS, -1); }
+EXPORT enum ibv_rate mbps_to_ibv_rate(int m) { return (enum ibv_rate)rate_convert(MBPS, m, RATE, IBV_RATE_MAX); }
 
 EXPORT int ibv_fork_init(void) { return 0; }
 EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_DISABLED; }

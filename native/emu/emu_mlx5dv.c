@@ -24,43 +24,9 @@ void emu_qp_apply_reset(struct emu_qp *qp);
  * part of the reference): OK 0, BAD_OP 2, BAD_PARAM 3, BAD_RES_STATE 9. */
 enum { CMD_OK = 0, CMD_BAD_OP = 2, CMD_BAD_PARAM = 3, CMD_BAD_RES_STATE = 9 };
 
-struct emu_devx_uar { struct mlx5dv_devx_uar pub; struct emu_uar *u; struct emu_nic *nic; };
-struct emu_devx_obj { int kind; void *p; struct emu_nic *nic; struct ibv_context *ctx; };
+struct emu_devx_uar { struct mlx5dv_devx_uar pub; struct emu_uar *uar; struct emu_nic *nic; };
+struct emu_devx_obj { int kind; void *object; struct emu_nic *nic; struct ibv_context *ctx; };
 enum { OBJ_QP = 1, OBJ_CQ = 2 };
-
-/* Tear down the QP or CQ behind a handle (the handle itself is the caller's). */
-static void devx_obj_release(struct emu_devx_obj *o)
-{
-	struct emu_nic *nic = o->nic;
-	if (o->kind == OBJ_QP) {
-		struct emu_qp *qp = o->p;
-		pthread_mutex_lock(&nic->lock);
-		emu_qp_unregister(nic, qp);
-		pthread_mutex_unlock(&nic->lock);
-		free(qp->inflight);
-		free(qp);
-	} else if (o->kind == OBJ_CQ) {
-		emu_cq_free(nic, o->p);
-	}
-}
-
-/* The handle obj_create returns; without memory for it the new object is
- * released again and creation fails with ENOMEM. */
-static struct emu_devx_obj *devx_obj_new(int kind, void *p, struct emu_nic *nic, struct ibv_context *ctx)
-{
-	struct emu_devx_obj *o = calloc(1, sizeof *o);
-	if (!o) {
-		struct emu_devx_obj tmp = { kind, p, nic, ctx };
-		devx_obj_release(&tmp);
-		errno = ENOMEM;
-		return NULL;
-	}
-	o->kind = kind;
-	o->p = p;
-	o->nic = nic;
-	o->ctx = ctx;
-	return o;
-}
 
 static int cmd_status(void *out, size_t outlen, int status, uint32_t syndrome)
 {
@@ -70,6 +36,40 @@ static int cmd_status(void *out, size_t outlen, int status, uint32_t syndrome)
 		st_devx_set(out, ST_PRM_OUT_SYNDROME, syndrome);
 	}
 	return status == CMD_OK ? 0 : (status == CMD_BAD_OP ? EOPNOTSUPP : EINVAL);
+}
+
+/* Tear down the QP or CQ behind a handle (the handle itself is the caller's). */
+static void devx_obj_release(struct emu_devx_obj *o)
+{
+	struct emu_nic *nic = o->nic;
+	if (o->kind == OBJ_QP) {
+		struct emu_qp *qp = o->object;
+		pthread_mutex_lock(&nic->lock);
+		emu_qp_unregister(nic, qp);
+		pthread_mutex_unlock(&nic->lock);
+		free(qp->inflight);
+		free(qp);
+	} else if (o->kind == OBJ_CQ) {
+		emu_cq_free(nic, o->object);
+	}
+}
+
+/* The handle obj_create returns, with the command's OK status in out;
+ * without memory for it the new object is released again and creation fails
+ * with ENOMEM. */
+static struct emu_devx_obj *devx_obj_new(int kind, void *p, struct emu_nic *nic, struct ibv_context *ctx, void *out,
+					 size_t outlen)
+{
+	struct emu_devx_obj obj = { kind, p, nic, ctx };
+	struct emu_devx_obj *o = calloc(1, sizeof *o);
+	if (!o) {
+		devx_obj_release(&obj);
+		errno = ENOMEM;
+		return NULL;
+	}
+	*o = obj;
+	cmd_status(out, outlen, CMD_OK, 0);
+	return o;
 }
 
 EXPORT bool mlx5dv_is_supported(struct ibv_device *device) { return true; }
@@ -168,24 +168,22 @@ EXPORT struct mlx5dv_devx_uar *mlx5dv_devx_alloc_uar(struct ibv_context *ctx, ui
 		return NULL;
 	}
 	struct emu_nic *nic = emu_ctx_nic(ctx);
-	struct emu_devx_uar *d = calloc(1, sizeof *d);
-	if (!d) {
-		errno = ENOMEM;
+	struct emu_devx_uar *d = emu_zalloc(sizeof *d);
+	if (!d)
 		return NULL;
-	}
 	pthread_mutex_lock(&nic->lock);
-	d->u = emu_uar_alloc(nic, 1);
+	d->uar = emu_uar_alloc(nic, 1);
 	pthread_mutex_unlock(&nic->lock);
-	if (!d->u) {
+	if (!d->uar) {
 		free(d);
 		errno = ENOMEM;
 		return NULL;
 	}
 	d->nic = nic;
-	d->u->devx_obj = d;
-	d->pub.base_addr = d->u->page;
-	d->pub.reg_addr = d->u->page + ST_MLX5_BF_OFFSET; /* ref §3.2 */
-	d->pub.page_id = d->u->page_id;
+	d->uar->devx_obj = d;
+	d->pub.base_addr = d->uar->page;
+	d->pub.reg_addr = d->uar->page + ST_MLX5_BF_OFFSET; /* ref §3.2 */
+	d->pub.page_id = d->uar->page_id;
 	d->pub.mmap_off = 0;
 	d->pub.comp_mask = 0;
 	emu_nic_kick(nic);
@@ -198,7 +196,7 @@ EXPORT void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *uar)
 	if (!d)
 		return;
 	pthread_mutex_lock(&d->nic->lock);
-	emu_uar_free(d->nic, d->u);
+	emu_uar_free(d->nic, d->uar);
 	pthread_mutex_unlock(&d->nic->lock);
 	free(d);
 }
@@ -210,21 +208,13 @@ EXPORT struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg(struct ibv_context *ctx, vo
 		errno = EINVAL;
 		return NULL;
 	}
-	struct emu_umem *u = calloc(1, sizeof *u);
-	if (!u) {
-		errno = ENOMEM;
+	struct emu_umem *u = emu_zalloc(sizeof *u);
+	if (!u)
 		return NULL;
-	}
 	pthread_mutex_lock(&nic->lock);
-	uint32_t i;
-	for (i = 1; i < EMU_MAX_UMEM && nic->umems[i]; i++)
-		;
-	if (i == EMU_MAX_UMEM) {
-		pthread_mutex_unlock(&nic->lock);
-		free(u);
-		errno = ENOMEM;
-		return NULL;
-	}
+	uint32_t i = EMU_FREE_SLOT(nic->umems, EMU_MAX_UMEM);
+	if (i == EMU_MAX_UMEM)
+		return emu_table_full(nic, u);
 	u->umem_id = i;
 	u->nic = nic;
 	u->addr = addr;
@@ -280,6 +270,13 @@ static uint8_t *umem_ptr(struct emu_nic *nic, uint32_t id, uint64_t off, uint64_
 	return (uint8_t *)u->addr + off;
 }
 
+/* A doorbell record: in a umem when the command says so (dbr_umem_valid),
+ * else at the address the command gives. */
+static uint8_t *dbr_ptr(struct emu_nic *nic, uint64_t in_umem, uint32_t umem_id, uint64_t addr)
+{
+	return in_umem ? umem_ptr(nic, umem_id, addr, 8) : (uint8_t *)(uintptr_t)addr;
+}
+
 /* ---- CREATE_CQ (ref §4.5) ---------------------------------------------- */
 static struct emu_devx_obj *create_cq(struct ibv_context *ctx, struct emu_nic *nic, const void *in, void *out,
 				      size_t outlen)
@@ -293,11 +290,8 @@ static struct emu_devx_obj *create_cq(struct ibv_context *ctx, struct emu_nic *n
 	uint32_t n = 1u << log;
 	uint8_t *buf = umem_ptr(nic, (uint32_t)st_devx_get(in, ST_PRM_CREATE_CQ_UMEM_ID),
 			       st_devx_get(in, ST_PRM_CREATE_CQ_UMEM_OFFSET), (uint64_t)(cc ? 1 : n) * 64);
-	uint8_t *dbr = NULL;
-	if (st_devx_get(in, ST_PRM_CQC_DBR_UMEM_VALID))
-		dbr = umem_ptr(nic, (uint32_t)st_devx_get(in, ST_PRM_CQC_DBR_UMEM_ID), st_devx_get(in, ST_PRM_CQC_DBR_ADDR), 8);
-	else
-		dbr = (uint8_t *)(uintptr_t)st_devx_get(in, ST_PRM_CQC_DBR_ADDR);
+	uint8_t *dbr = dbr_ptr(nic, st_devx_get(in, ST_PRM_CQC_DBR_UMEM_VALID), (uint32_t)st_devx_get(in, ST_PRM_CQC_DBR_UMEM_ID),
+			       st_devx_get(in, ST_PRM_CQC_DBR_ADDR));
 	if (!buf || !dbr) {
 		errno = cmd_status(out, outlen, CMD_BAD_PARAM, 0x2);
 		return NULL;
@@ -308,10 +302,9 @@ static struct emu_devx_obj *create_cq(struct ibv_context *ctx, struct emu_nic *n
 		return NULL;
 	}
 	cq->collapsed = (int)cc;
-	struct emu_devx_obj *o = devx_obj_new(OBJ_CQ, cq, nic, ctx);
+	struct emu_devx_obj *o = devx_obj_new(OBJ_CQ, cq, nic, ctx, out, outlen);
 	if (!o)
 		return NULL;
-	cmd_status(out, outlen, CMD_OK, 0);
 	if (outlen >= 16)
 		st_devx_set(out, ST_PRM_CREATE_CQ_OUT_CQN, cq->cqn);
 	EMU_LOG("devx CREATE_CQ cqn 0x%x log_size %u cc %u", cq->cqn, log, cc);
@@ -324,8 +317,8 @@ struct emu_srq *emu_srq_lookup(uint32_t srqn);
 static struct emu_devx_obj *create_qp(struct ibv_context *ctx, struct emu_nic *nic, const void *in, void *out,
 				      size_t outlen)
 {
-	uint32_t st = (uint32_t)st_devx_get(in, ST_PRM_QPC_ST);
-	if (st != ST_MLX5_QPC_ST_RC || !st_devx_get(in, ST_PRM_CREATE_QP_WQ_UMEM_VALID)) {
+	uint32_t service_type = (uint32_t)st_devx_get(in, ST_PRM_QPC_ST);
+	if (service_type != ST_MLX5_QPC_ST_RC || !st_devx_get(in, ST_PRM_CREATE_QP_WQ_UMEM_VALID)) {
 		errno = cmd_status(out, outlen, CMD_BAD_PARAM, 0x10);
 		return NULL;
 	}
@@ -337,11 +330,8 @@ static struct emu_devx_obj *create_qp(struct ibv_context *ctx, struct emu_nic *n
 	uint32_t nbb = 1u << log_sq;
 	uint64_t off = st_devx_get(in, ST_PRM_CREATE_QP_WQ_UMEM_OFFSET);
 	uint8_t *wq = umem_ptr(nic, (uint32_t)st_devx_get(in, ST_PRM_CREATE_QP_WQ_UMEM_ID), off, rq_bytes + (uint64_t)nbb * 64);
-	uint8_t *dbr;
-	if (st_devx_get(in, ST_PRM_QPC_DBR_UMEM_VALID))
-		dbr = umem_ptr(nic, (uint32_t)st_devx_get(in, ST_PRM_QPC_DBR_UMEM_ID), st_devx_get(in, ST_PRM_QPC_DBR_ADDR), 8);
-	else
-		dbr = (uint8_t *)(uintptr_t)st_devx_get(in, ST_PRM_QPC_DBR_ADDR);
+	uint8_t *dbr = dbr_ptr(nic, st_devx_get(in, ST_PRM_QPC_DBR_UMEM_VALID), (uint32_t)st_devx_get(in, ST_PRM_QPC_DBR_UMEM_ID),
+			       st_devx_get(in, ST_PRM_QPC_DBR_ADDR));
 	struct emu_cq *scq = emu_cq_lookup(nic, (uint32_t)st_devx_get(in, ST_PRM_QPC_CQN_SND));
 	struct emu_cq *rcq = emu_cq_lookup(nic, (uint32_t)st_devx_get(in, ST_PRM_QPC_CQN_RCV));
 	struct emu_srq *srq = rq_type == 1 ? emu_srq_lookup((uint32_t)st_devx_get(in, ST_PRM_QPC_SRQN)) : NULL;
@@ -350,11 +340,9 @@ static struct emu_devx_obj *create_qp(struct ibv_context *ctx, struct emu_nic *n
 		errno = cmd_status(out, outlen, CMD_BAD_PARAM, 0x11);
 		return NULL;
 	}
-	struct emu_qp *qp = calloc(1, sizeof *qp);
-	if (!qp) {
-		errno = ENOMEM;
+	struct emu_qp *qp = emu_zalloc(sizeof *qp);
+	if (!qp)
 		return NULL;
-	}
 	qp->devx = 1;
 	qp->rq_buf = rq_type == 0 ? wq : NULL;
 	qp->rq_wqe_cnt = rq_type == 0 ? (1u << log_rq) : 0;
@@ -367,7 +355,7 @@ static struct emu_devx_obj *create_qp(struct ibv_context *ctx, struct emu_nic *n
 	qp->rcq = rcq ? rcq : scq;
 	qp->srq = srq;
 	qp->inflight = calloc(nbb, sizeof(struct emu_inflight));
-	qp->if_cap = nbb;
+	qp->inflight_cap = nbb;
 	qp->state = IBV_QPS_RESET;
 	uint32_t page = (uint32_t)st_devx_get(in, ST_PRM_QPC_UAR_PAGE);
 	pthread_mutex_lock(&nic->lock);
@@ -386,10 +374,9 @@ static struct emu_devx_obj *create_qp(struct ibv_context *ctx, struct emu_nic *n
 	qp->qpx.qp_base.context = ctx;
 	qp->qpx.qp_base.qp_num = qp->qpn;
 	qp->qpx.qp_base.qp_type = IBV_QPT_RC;
-	struct emu_devx_obj *o = devx_obj_new(OBJ_QP, qp, nic, ctx);
+	struct emu_devx_obj *o = devx_obj_new(OBJ_QP, qp, nic, ctx, out, outlen);
 	if (!o)
 		return NULL;
-	cmd_status(out, outlen, CMD_OK, 0);
 	if (outlen >= 12)
 		st_devx_set(out, ST_PRM_CREATE_QP_OUT_QPN, qp->qpn);
 	EMU_LOG("devx CREATE_QP qpn 0x%x sq %u WQEBBs at %p (umem off %llu, rq %llu B) dbr %p uar_page %u cqn %u",
@@ -441,7 +428,7 @@ EXPORT int mlx5dv_devx_obj_modify(struct mlx5dv_devx_obj *obj, const void *in, s
 	uint32_t op = (uint32_t)st_devx_get(in, ST_PRM_CMD_OPCODE);
 	if (o->kind != OBJ_QP)
 		return cmd_status(out, outlen, CMD_BAD_OP, op);
-	struct emu_qp *qp = o->p;
+	struct emu_qp *qp = o->object;
 	if (st_devx_get(in, ST_PRM_MODIFY_QP_QPN) != qp->qpn)
 		return cmd_status(out, outlen, CMD_BAD_PARAM, 0x20);
 	if (op != ST_MLX5_CMD_OP_2ERR_QP && op != ST_MLX5_CMD_OP_2RST_QP && inlen < ST_PRM_MODIFY_QP_IN_SIZE)
@@ -509,7 +496,7 @@ EXPORT int mlx5dv_devx_obj_query(struct mlx5dv_devx_obj *obj, const void *in, si
 		return EINVAL;
 	uint32_t op = (uint32_t)st_devx_get(in, ST_PRM_CMD_OPCODE);
 	if (op == ST_MLX5_CMD_OP_QUERY_QP && o->kind == OBJ_QP) {
-		struct emu_qp *qp = o->p;
+		struct emu_qp *qp = o->object;
 		memset(out, 0, outlen);
 		cmd_status(out, outlen, CMD_OK, 0);
 		/* query_qp_out carries the qpc at bit 0xc0 like create_qp_in; qpc.state
@@ -535,7 +522,7 @@ EXPORT int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *obj)
 	if (o->kind == OBJ_CQ) {
 		pthread_mutex_lock(&nic->lock);
 		for (int i = 0; i < nic->nq; i++)
-			if (nic->qlist[i]->scq == o->p || nic->qlist[i]->rcq == o->p) {
+			if (nic->qlist[i]->scq == o->object || nic->qlist[i]->rcq == o->object) {
 				pthread_mutex_unlock(&nic->lock);
 				return EBUSY;
 			}

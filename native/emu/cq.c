@@ -1,0 +1,297 @@
+/* libibverbs.so.1 of the emulated HCA: completion channels and CQs.  A CQ
+ * is a ring of 64-byte mlx5 CQEs that the NIC writes (requester.c,
+ * responder.c); ibv_poll_cq decodes those bytes back into ibv_wc (ref §2.2). */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "emu_internal.h"
+
+/* ---- completion channels and CQs ---------------------------------------- */
+EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *c)
+{
+	struct emu_channel *ch = emu_zalloc(sizeof *ch);
+	if (!ch)
+		return NULL;
+	int p[2];
+	if (pipe2(p, O_CLOEXEC)) {
+		free(ch);
+		return NULL;
+	}
+	fcntl(p[1], F_SETFL, O_NONBLOCK);
+	ch->ch.context = c;
+	ch->ch.fd = p[0];
+	ch->ch.refcnt = 0;
+	ch->wfd = p[1];
+	return &ch->ch;
+}
+
+EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *ch)
+{
+	if (ch->refcnt) {
+		errno = EBUSY;
+		return EBUSY;
+	}
+	struct emu_channel *e = (struct emu_channel *)ch;
+	close(e->ch.fd);
+	close(e->wfd);
+	free(e);
+	return 0;
+}
+
+EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
+{
+	struct ibv_cq *p;
+	ssize_t r;
+	size_t got = 0;
+	while (got < sizeof p) {
+		r = read(ch->fd, (char *)&p + got, sizeof p - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	*cq = p;
+	*cq_context = p->cq_context;
+	return 0;
+}
+
+EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
+{
+	pthread_mutex_lock(&cq->mutex);
+	cq->comp_events_completed += n;
+	pthread_cond_signal(&cq->cond);
+	pthread_mutex_unlock(&cq->mutex);
+}
+
+EXPORT struct emu_cq *emu_cq_new(struct emu_nic *nic, struct ibv_context *c, uint32_t ncqe, void *buf,
+				 volatile uint32_t *dbrec, int devx)
+{
+	struct emu_cq *cq = calloc(1, sizeof *cq);
+	if (!cq)
+		return NULL;
+	cq->ncqe = ncqe;
+	cq->devx = devx;
+	if (buf) {
+		cq->buf = buf;
+	} else {
+		cq->buf = aligned_alloc(4096, ((size_t)ncqe * 64 + 4095) & ~(size_t)4095);
+		if (!cq->buf) {
+			free(cq);
+			return NULL;
+		}
+		for (uint32_t i = 0; i < ncqe; i++) {
+			memset(cq->buf + i * 64, 0, 64);
+			cq->buf[i * 64 + 63] = (ST_MLX5_CQE_INVALID << 4) | 1;
+		}
+		cq->own_buf = 1;
+	}
+	cq->dbrec = dbrec ? dbrec : (volatile uint32_t *)cq->dbr_storage;
+	pthread_mutex_init(&cq->lock, NULL);
+	pthread_spin_init(&cq->poll_lock, PTHREAD_PROCESS_PRIVATE);
+	cq->cq.context = c;
+	cq->cq.cqe = (int)ncqe - 1;
+	pthread_mutex_init(&cq->cq.mutex, NULL);
+	pthread_cond_init(&cq->cq.cond, NULL);
+	pthread_mutex_lock(&nic->lock);
+	int r = emu_cq_register(nic, cq);
+	pthread_mutex_unlock(&nic->lock);
+	if (r) {
+		if (cq->own_buf)
+			free(cq->buf);
+		free(cq);
+		return NULL;
+	}
+	cq->cq.handle = cq->cqn;
+	return cq;
+}
+
+EXPORT void emu_cq_free(struct emu_nic *nic, struct emu_cq *cq)
+{
+	pthread_mutex_lock(&nic->lock);
+	if (cq->cqn < EMU_MAX_CQ && nic->cqs[cq->cqn] == cq)
+		nic->cqs[cq->cqn] = NULL;
+	pthread_mutex_unlock(&nic->lock);
+	if (cq->own_buf)
+		free(cq->buf);
+	free(cq);
+}
+
+EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *c, int cqe, void *cq_context, struct ibv_comp_channel *ch,
+				    int comp_vector)
+{
+	if (cqe < 1 || cqe > 4194303 || comp_vector < 0 || comp_vector >= c->num_comp_vectors) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct emu_nic *nic = to_ectx(c)->nic;
+	struct emu_cq *cq = emu_cq_new(nic, c, roundup_pow2((uint32_t)cqe + 1), NULL, NULL, 0);
+	if (!cq) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	cq->cq.cq_context = cq_context;
+	cq->cq.channel = ch;
+	if (ch) {
+		pthread_mutex_lock(&c->mutex);
+		ch->refcnt++;
+		pthread_mutex_unlock(&c->mutex);
+	}
+	return &cq->cq;
+}
+
+EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
+{
+	struct emu_cq *cq = to_ecq(ibcq);
+	struct emu_nic *nic = to_ectx(ibcq->context)->nic;
+	pthread_mutex_lock(&nic->lock);
+	for (int i = 0; i < nic->nq; i++)
+		if (nic->qlist[i]->scq == cq || nic->qlist[i]->rcq == cq) {
+			pthread_mutex_unlock(&nic->lock);
+			errno = EBUSY;
+			return EBUSY;
+		}
+	pthread_mutex_unlock(&nic->lock);
+	if (ibcq->channel) {
+		pthread_mutex_lock(&ibcq->context->mutex);
+		ibcq->channel->refcnt--;
+		pthread_mutex_unlock(&ibcq->context->mutex);
+	}
+	emu_cq_free(nic, cq);
+	return 0;
+}
+
+EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+	errno = EOPNOTSUPP;
+	return EOPNOTSUPP;
+}
+
+int emu_req_notify_cq(struct ibv_cq *ibcq, int sol)
+{
+	struct emu_cq *cq = to_ecq(ibcq);
+	pthread_mutex_lock(&cq->lock);
+	cq->armed = 1;
+	cq->arm_sol = sol;
+	/* arm doorbell record (ref §2.2): sn<<28 | cmd | ci */
+	cq->dbrec[ST_MLX5_CQ_ARM_DB] = htobe32(((cq->events & 3) << 28) |
+					       (sol ? ST_MLX5_CQ_DB_REQ_NOT_SOL : ST_MLX5_CQ_DB_REQ_NOT) |
+					       (cq->ci & 0xffffff));
+	pthread_mutex_unlock(&cq->lock);
+	return 0;
+}
+
+static enum ibv_wc_status syndrome_to_status(uint8_t s)
+{
+	switch (s) {
+	case ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR: return IBV_WC_LOC_LEN_ERR;
+	case ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR: return IBV_WC_LOC_QP_OP_ERR;
+	case ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR: return IBV_WC_LOC_PROT_ERR;
+	case ST_MLX5_CQE_SYNDROME_WR_FLUSH_ERR: return IBV_WC_WR_FLUSH_ERR;
+	case ST_MLX5_CQE_SYNDROME_MW_BIND_ERR: return IBV_WC_MW_BIND_ERR;
+	case ST_MLX5_CQE_SYNDROME_BAD_RESP_ERR: return IBV_WC_BAD_RESP_ERR;
+	case ST_MLX5_CQE_SYNDROME_LOCAL_ACCESS_ERR: return IBV_WC_LOC_ACCESS_ERR;
+	case ST_MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR: return IBV_WC_REM_INV_REQ_ERR;
+	case ST_MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR: return IBV_WC_REM_ACCESS_ERR;
+	case ST_MLX5_CQE_SYNDROME_REMOTE_OP_ERR: return IBV_WC_REM_OP_ERR;
+	case ST_MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR: return IBV_WC_RETRY_EXC_ERR;
+	case ST_MLX5_CQE_SYNDROME_RNR_RETRY_EXC_ERR: return IBV_WC_RNR_RETRY_EXC_ERR;
+	case ST_MLX5_CQE_SYNDROME_REMOTE_ABORTED_ERR: return IBV_WC_REM_ABORT_ERR;
+	default: return IBV_WC_GENERAL_ERR;
+	}
+}
+
+static enum ibv_wc_opcode send_op_to_wc(uint8_t op)
+{
+	switch (op) {
+	case ST_MLX5_OPCODE_RDMA_WRITE:
+	case ST_MLX5_OPCODE_RDMA_WRITE_IMM: return IBV_WC_RDMA_WRITE;
+	case ST_MLX5_OPCODE_RDMA_READ: return IBV_WC_RDMA_READ;
+	case ST_MLX5_OPCODE_ATOMIC_CS: return IBV_WC_COMP_SWAP;
+	case ST_MLX5_OPCODE_ATOMIC_FA: return IBV_WC_FETCH_ADD;
+	case ST_MLX5_OPCODE_UMR: return IBV_WC_LOCAL_INV;
+	default: return IBV_WC_SEND;
+	}
+}
+
+int emu_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
+{
+	struct emu_cq *cq = to_ecq(ibcq);
+	struct emu_nic *nic = to_ectx(ibcq->context)->nic;
+	int got = 0;
+	pthread_spin_lock(&cq->poll_lock);
+	while (got < n) {
+		const struct st_mlx5_cqe64 *c = (const void *)(cq->buf + (size_t)(cq->ci & (cq->ncqe - 1)) * 64);
+		uint8_t op_own = __atomic_load_n(&c->op_own, __ATOMIC_ACQUIRE);
+		if ((op_own >> 4) == ST_MLX5_CQE_INVALID || (op_own & 1) != !!(cq->ci & cq->ncqe))
+			break;
+		struct ibv_wc *w = &wc[got];
+		memset(w, 0, sizeof *w);
+		uint8_t opc = op_own >> 4;
+		uint32_t qpn = be32toh(c->sop_drop_qpn) & 0xffffff;
+		uint16_t ctr = be16toh(c->wqe_counter);
+		struct emu_qp *qp = emu_qp_lookup(nic, qpn);
+		w->qp_num = qpn;
+		if (opc == ST_MLX5_CQE_REQ || opc == ST_MLX5_CQE_REQ_ERR) {
+			uint8_t sop = (uint8_t)(be32toh(c->sop_drop_qpn) >> 24);
+			w->opcode = send_op_to_wc(sop);
+			if (qp && qp->sq_wrid) {
+				uint32_t slot = ctr & (qp->sq_wqebb - 1);
+				w->wr_id = qp->sq_wrid[slot];
+				qp->sq_tail = qp->sq_next[slot];
+			}
+			if (opc == ST_MLX5_CQE_REQ) {
+				w->status = IBV_WC_SUCCESS;
+				w->byte_len = be32toh(c->byte_cnt);
+			} else {
+				const struct st_mlx5_err_cqe *e = (const void *)c;
+				w->status = syndrome_to_status(e->syndrome);
+				w->vendor_err = e->vendor_err_synd;
+			}
+		} else {
+			int from_srq = qp && qp->srq;
+			if (qp) {
+				if (from_srq) {
+					w->wr_id = qp->srq->wrid[ctr & (qp->srq->wqe_cnt - 1)];
+				} else if (qp->rq_wrid) {
+					w->wr_id = qp->rq_wrid[ctr & (qp->rq_wqe_cnt - 1)];
+					qp->rq_tail++;
+				}
+			}
+			w->opcode = IBV_WC_RECV;
+			if (opc == ST_MLX5_CQE_RESP_ERR) {
+				const struct st_mlx5_err_cqe *e = (const void *)c;
+				w->status = syndrome_to_status(e->syndrome);
+				w->vendor_err = e->vendor_err_synd;
+			} else {
+				w->status = IBV_WC_SUCCESS;
+				w->byte_len = be32toh(c->byte_cnt);
+				w->src_qp = be32toh(c->flags_rqpn) & 0xffffff;
+				w->slid = be16toh(c->slid);
+				if (opc == ST_MLX5_CQE_RESP_WR_IMM) {
+					w->opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+					w->wc_flags |= IBV_WC_WITH_IMM;
+					w->imm_data = c->imm_inval_pkey;
+				} else if (opc == ST_MLX5_CQE_RESP_SEND_IMM) {
+					w->wc_flags |= IBV_WC_WITH_IMM;
+					w->imm_data = c->imm_inval_pkey;
+				} else if (opc == ST_MLX5_CQE_RESP_SEND_INV) {
+					w->wc_flags |= IBV_WC_WITH_INV;
+					w->invalidated_rkey = be32toh(c->imm_inval_pkey);
+				}
+			}
+		}
+		cq->ci++;
+		got++;
+	}
+	if (got)
+		cq->dbrec[ST_MLX5_CQ_SET_CI] = htobe32(cq->ci & 0xffffff);
+	pthread_spin_unlock(&cq->poll_lock);
+	if (!got)
+		sched_yield(); /* 2-core friendliness: let the NIC thread run */
+	return got;
+}

@@ -1,0 +1,272 @@
+/* The emulated NIC: one per process, created by the first ibv_open_device.
+ * This file holds its configuration (environment, read once), its identity
+ * and its thread's main loop, which samples doorbells (doorbell.c), serves
+ * the inbox (fabric.c, responder.c), runs WQEs (requester.c) and sleeps on
+ * the inbox futex when idle.  Everything the NIC learns about work comes
+ * from mlx5 bytes; everything it reports is an mlx5 CQE.  Layouts:
+ * sigmatrace/mlx5.h (reference /work/shared/reference/mlx5.md). */
+#include <arpa/inet.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "emu_internal.h"
+
+EXPORT int emu_debug;
+
+static struct emu_nic *g_nic;
+static pthread_mutex_t g_nic_lock = PTHREAD_MUTEX_INITIALIZER;
+
+uint64_t emu_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+/* ---- configuration ------------------------------------------------------- */
+static void sanitize(char *s)
+{
+	for (; *s; s++)
+		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '-'))
+			*s = '_';
+}
+
+static void parse_gid(const char *s, uint8_t gid[16])
+{
+	/* accept "fe80::1", or 32 hex digits with optional ':' separators */
+	if (inet_pton(AF_INET6, s, gid) == 1)
+		return;
+	memset(gid, 0, 16);
+	int n = 0;
+	for (const char *p = s; *p && n < 32; p++) {
+		int v;
+		if (*p >= '0' && *p <= '9') v = *p - '0';
+		else if (*p >= 'a' && *p <= 'f') v = *p - 'a' + 10;
+		else if (*p >= 'A' && *p <= 'F') v = *p - 'A' + 10;
+		else continue;
+		gid[n / 2] |= (uint8_t)(v << ((n & 1) ? 0 : 4));
+		n++;
+	}
+}
+
+static void nic_config(struct emu_nic *nic)
+{
+	const char *e;
+	emu_debug = (e = getenv("SIGMATRACE_EMU_DEBUG")) && *e && *e != '0';
+	/* Busy-poll instead of sleeping when idle: for latency baselines on machines
+	 * with a core to spare (a sleeping NIC thread would set the baseline). */
+	nic->busy_poll = (e = getenv("SIGMATRACE_EMU_NIC_SPIN")) && *e && *e != '0';
+	e = getenv("SIGMATRACE_EMU_BFREG");
+	nic->bfreg_share = !e ? 0 : !strcmp(e, "page") ? 1 : !strcmp(e, "word") ? 2 : 0;
+	e = getenv("SIGMATRACE_EMU_DEV_NAME");
+	snprintf(nic->dev_name, sizeof nic->dev_name, "%s", e && *e ? e : "mlx5_0");
+	e = getenv("SIGMATRACE_EMU_FABRIC");
+	snprintf(nic->fabric, sizeof nic->fabric, "%s", e && *e ? e : "default");
+	sanitize(nic->fabric);
+	e = getenv("SIGMATRACE_EMU_LID");
+	nic->lid = e && *e ? (uint32_t)strtoul(e, NULL, 0) : (uint32_t)(getpid() % 0xbffe) + 1;
+	nic->lid &= 0xffff;
+	if (!nic->lid)
+		nic->lid = 1;
+	e = getenv("SIGMATRACE_EMU_NODE_GUID");
+	nic->guid = e && *e ? strtoull(e, NULL, 0) : (0x0002c90300000000ull | nic->lid);
+	e = getenv("SIGMATRACE_EMU_GID");
+	if (e && *e) {
+		parse_gid(e, nic->gid);
+	} else {
+		memset(nic->gid, 0, 16);
+		nic->gid[0] = 0xfe;
+		nic->gid[1] = 0x80;
+		for (int i = 0; i < 8; i++)
+			nic->gid[8 + i] = (uint8_t)(nic->guid >> (56 - 8 * i));
+	}
+}
+
+static int work_pending(struct emu_nic *nic)
+{
+	if (nic->inbox->head != __atomic_load_n(&nic->inbox->tail, __ATOMIC_ACQUIRE))
+		return 1;
+	for (struct emu_uar *u = nic->uars; u; u = u->next) {
+		int nreg = u->devx ? 4 : 1;
+		for (int r = 0; r < nreg; r++)
+			if (__atomic_load_n((uint64_t *)(u->page + ST_MLX5_BF_OFFSET + 0x100 * r), __ATOMIC_ACQUIRE) != u->last[r])
+				return 1;
+	}
+	return 0;
+}
+
+static int has_backlog(struct emu_nic *nic)
+{
+	for (int i = 0; i < nic->nnodes; i++)
+		if (nic->nodes[i].outq)
+			return 1;
+	for (int i = 0; i < nic->nq; i++)
+		if (nic->qlist[i]->pend || (uint16_t)(nic->qlist[i]->sq_announced - nic->qlist[i]->sq_exec))
+			return 1;
+	return 0;
+}
+
+static void *nic_main(void *arg)
+{
+	struct emu_nic *nic = arg;
+	unsigned idle = 0;
+	uint64_t backoff_us = 20;
+	while (__atomic_load_n(&nic->running, __ATOMIC_ACQUIRE)) {
+		int work = 0;
+		pthread_mutex_lock(&nic->lock);
+		work += emu_scan_uars(nic);
+		work += emu_service_inbox(nic);
+		work += emu_service_qps(nic);
+		for (int i = 0; i < nic->nnodes; i++)
+			work += emu_node_flush(&nic->nodes[i]);
+		uint64_t now = emu_now_ns();
+		if (now - nic->last_liveness_ns > 50000000ull) {
+			nic->last_liveness_ns = now;
+			emu_liveness(nic);
+		}
+		int backlog = has_backlog(nic);
+		pthread_mutex_unlock(&nic->lock);
+		if (work) {
+			idle = 0;
+			backoff_us = 20;
+			continue;
+		}
+		if (nic->busy_poll) {
+#if defined(__x86_64__) || defined(__i386__)
+			__builtin_ia32_pause();
+#endif
+			continue;
+		}
+		if (++idle < 64) {
+			sched_yield();
+			continue;
+		}
+		/* sleep until kicked; poll (devx UARs have no kick) with back-off */
+		uint32_t seq = __atomic_load_n(&nic->inbox->wake_seq, __ATOMIC_SEQ_CST);
+		__atomic_store_n(&nic->inbox->sleeping, 1, __ATOMIC_SEQ_CST);
+		pthread_mutex_lock(&nic->lock); /* the UAR list changes as QPs and UARs come and go */
+		int pending = work_pending(nic);
+		pthread_mutex_unlock(&nic->lock);
+		if (!pending) {
+			uint64_t us;
+			if (backlog)
+				us = 200;
+			else if (nic->have_devx_uars)
+				us = backoff_us;
+			else
+				us = 50000;
+			struct timespec ts = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000 };
+			emu_futex(&nic->inbox->wake_seq, FUTEX_WAIT, seq, &ts);
+			if (backoff_us < 2000)
+				backoff_us *= 2;
+		}
+		__atomic_store_n(&nic->inbox->sleeping, 0, __ATOMIC_SEQ_CST);
+		idle = 32; /* a short spin after waking */
+	}
+	return NULL;
+}
+
+static void emu_atexit(void)
+{
+	if (g_nic && g_nic->shm_name[0])
+		shm_unlink(g_nic->shm_name);
+}
+
+EXPORT struct emu_nic *emu_nic_get(void)
+{
+	pthread_mutex_lock(&g_nic_lock);
+	if (g_nic) {
+		g_nic->refcnt++;
+		pthread_mutex_unlock(&g_nic_lock);
+		return g_nic;
+	}
+	struct emu_nic *nic = calloc(1, sizeof *nic);
+	if (!nic) {
+		pthread_mutex_unlock(&g_nic_lock);
+		return NULL;
+	}
+	pthread_mutexattr_t a;
+	pthread_mutexattr_init(&a);
+	pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+	pthread_mutex_init(&nic->lock, &a);
+	nic_config(nic);
+	if (emu_inbox_create(nic)) {
+		free(nic);
+		pthread_mutex_unlock(&g_nic_lock);
+		return NULL;
+	}
+	nic->running = 1;
+	nic->refcnt = 1;
+	nic->next_pdn = 1;
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_create(&nic->thread, NULL, nic_main, nic);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	static int atexit_done;
+	if (!atexit_done++)
+		atexit(emu_atexit);
+	g_nic = nic;
+	EMU_LOG("NIC up: dev %s lid %u guid 0x%016llx fabric %s", nic->dev_name, nic->lid,
+		(unsigned long long)nic->guid, nic->fabric);
+	pthread_mutex_unlock(&g_nic_lock);
+	return nic;
+}
+
+EXPORT void emu_nic_put(struct emu_nic *nic)
+{
+	pthread_mutex_lock(&g_nic_lock);
+	if (--nic->refcnt > 0) {
+		pthread_mutex_unlock(&g_nic_lock);
+		return;
+	}
+	__atomic_store_n(&nic->running, 0, __ATOMIC_RELEASE);
+	emu_nic_kick(nic);
+	pthread_join(nic->thread, NULL);
+	/* deliver what is still queued for peers (bounded) */
+	for (int tries = 0; tries < 100; tries++) {
+		int left = 0;
+		for (int i = 0; i < nic->nnodes; i++) {
+			emu_node_flush(&nic->nodes[i]);
+			left |= nic->nodes[i].outq != NULL;
+		}
+		if (!left)
+			break;
+		usleep(1000);
+	}
+	shm_unlink(nic->shm_name);
+	nic->shm_name[0] = 0;
+	g_nic = NULL;
+	pthread_mutex_unlock(&g_nic_lock);
+	/* the struct and mappings are left for late readers (process exit frees them) */
+}
+
+/* Snapshot of the identity, used by query_* without starting anything. */
+EXPORT void emu_identity(char *name, size_t n, uint64_t *guid, uint32_t *lid, uint8_t gid[16])
+{
+	static struct emu_nic *cfg;
+	struct emu_nic *src = g_nic;
+	if (!src) {
+		if (!cfg) {
+			cfg = calloc(1, sizeof *cfg);
+			if (!cfg)
+				return;
+			nic_config(cfg);
+		}
+		src = cfg;
+	}
+	if (name)
+		snprintf(name, n, "%s", src->dev_name);
+	if (guid)
+		*guid = src->guid;
+	if (lid)
+		*lid = src->lid;
+	if (gid)
+		memcpy(gid, src->gid, 16);
+}

@@ -1,0 +1,409 @@
+/* The emulated NIC's requester: it parses the send WQEs that doorbells
+ * announced, turns them into fabric packets, matches the responses to the
+ * WQEs in flight and writes the CQEs, in SQ order (ref §1, §2.2).  The CQE
+ * writer serves the responder too. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "emu_internal.h"
+
+/* ---- CQE writing (ref §2.2) ------------------------------------------------ */
+EXPORT void emu_cq_write(struct emu_cq *cq, const struct st_mlx5_cqe64 *cqe)
+{
+	pthread_mutex_lock(&cq->lock);
+	uint32_t n = cq->ncqe;
+	if (!cq->collapsed) {
+		uint32_t ci = be32toh(cq->dbrec[ST_MLX5_CQ_SET_CI]) & 0xffffff;
+		if (((cq->pi - ci) & 0xffffff) >= n) {
+			static int warned;
+			if (!warned++)
+				fprintf(stderr, "sigmatrace-emu: CQ 0x%x overrun (pi %u ci %u n %u)\n", cq->cqn, cq->pi, ci, n);
+		}
+	}
+	uint8_t *slot = cq->buf + (cq->collapsed ? 0 : (size_t)(cq->pi & (n - 1)) * 64);
+	memcpy(slot, cqe, 63);
+	uint8_t op_own = (uint8_t)((cqe->op_own & 0xfe) | (!!(cq->pi & n)));
+	__atomic_store_n(slot + 63, op_own, __ATOMIC_RELEASE);
+	cq->pi++;
+	if (cq->armed) {
+		uint8_t opc = op_own >> 4;
+		int fire = !cq->arm_sol || (op_own & 2) || opc == ST_MLX5_CQE_REQ_ERR || opc == ST_MLX5_CQE_RESP_ERR;
+		if (fire && cq->cq.channel) {
+			cq->armed = 0;
+			struct ibv_cq *p = &cq->cq;
+			int wfd = ((struct emu_channel *)cq->cq.channel)->wfd;
+			ssize_t r = write(wfd, &p, sizeof p);
+			(void)r;
+			cq->events++;
+		}
+	}
+	pthread_mutex_unlock(&cq->lock);
+}
+
+static void cqe_req(struct emu_qp *qp, uint16_t wqe_idx, uint8_t opcode, uint32_t byte_len)
+{
+	if (!qp->scq)
+		return;
+	struct st_mlx5_cqe64 c;
+	memset(&c, 0, sizeof c);
+	c.byte_cnt = htobe32(byte_len);
+	c.sop_drop_qpn = htobe32(((uint32_t)opcode << 24) | qp->qpn);
+	c.wqe_counter = htobe16(wqe_idx);
+	c.srqn_uidx = 0;
+	c.op_own = ST_MLX5_CQE_REQ << 4;
+	emu_cq_write(qp->scq, &c);
+}
+
+void emu_cqe_err(struct emu_cq *cq, struct emu_qp *qp, int resp, uint16_t wqe_idx, uint8_t opcode, uint8_t syndrome)
+{
+	if (!cq)
+		return;
+	struct st_mlx5_err_cqe e;
+	memset(&e, 0, sizeof e);
+	e.syndrome = syndrome;
+	e.vendor_err_synd = syndrome == ST_MLX5_CQE_SYNDROME_WR_FLUSH_ERR ? 0xf9 : 0x81;
+	e.s_wqe_opcode_qpn = htobe32(((uint32_t)opcode << 24) | qp->qpn);
+	e.wqe_counter = htobe16(wqe_idx);
+	e.op_own = (uint8_t)((resp ? ST_MLX5_CQE_RESP_ERR : ST_MLX5_CQE_REQ_ERR) << 4);
+	emu_cq_write(cq, (struct st_mlx5_cqe64 *)&e);
+}
+
+/* ---- requester ------------------------------------------------------------ */
+static struct emu_inflight *inflight_push(struct emu_qp *qp)
+{
+	if (qp->inflight_tail - qp->inflight_head >= qp->inflight_cap)
+		return NULL;
+	struct emu_inflight *f = &qp->inflight[qp->inflight_tail++ % qp->inflight_cap];
+	memset(f, 0, offsetof(struct emu_inflight, sge));
+	f->nsge = 0;
+	return f;
+}
+
+void emu_drain_inflight(struct emu_qp *qp)
+{
+	while (qp->inflight_head != qp->inflight_tail) {
+		struct emu_inflight *f = &qp->inflight[qp->inflight_head % qp->inflight_cap];
+		if (!f->done)
+			break;
+		qp->inflight_head++;
+		if (f->syndrome) {
+			emu_cqe_err(qp->scq, qp, 0, f->wqe_idx, f->opcode, f->syndrome);
+			if (f->syndrome != ST_MLX5_CQE_SYNDROME_WR_FLUSH_ERR)
+				EMU_LOG("qp 0x%x wqe %u opcode 0x%x error syndrome 0x%x", qp->qpn, f->wqe_idx, f->opcode, f->syndrome);
+			if (qp->state != IBV_QPS_ERR)
+				emu_qp_to_error(qp);
+		} else if (f->signaled) {
+			cqe_req(qp, f->wqe_idx, f->opcode, f->byte_len);
+		}
+	}
+}
+
+EXPORT void emu_qp_to_error(struct emu_qp *qp)
+{
+	qp->state = IBV_QPS_ERR;
+	qp->qpx.qp_base.state = IBV_QPS_ERR;
+	for (uint32_t i = qp->inflight_head; i != qp->inflight_tail; i++) {
+		struct emu_inflight *f = &qp->inflight[i % qp->inflight_cap];
+		if (!f->done) {
+			f->done = 1;
+			f->syndrome = ST_MLX5_CQE_SYNDROME_WR_FLUSH_ERR;
+		}
+	}
+	emu_drain_inflight(qp);
+	emu_free_pending(qp);
+	qp->resp_active = 0;
+	emu_flush_rq(qp);
+}
+
+EXPORT void emu_qp_reset_nic_state(struct emu_qp *qp)
+{
+	qp->inflight_head = qp->inflight_tail = 0;
+	qp->sq_exec = qp->sq_announced = 0;
+	qp->rq_ci = 0;
+	qp->resp_active = 0;
+	qp->resp_err = 0;
+	emu_free_pending(qp);
+	qp->peer = NULL;
+}
+
+/* Copy `len` bytes of the WQE that starts at WQEBB index `idx` (ring wrap aware). */
+static void sq_read(struct emu_qp *qp, uint32_t idx, uint32_t off, void *dst, uint32_t len)
+{
+	uint32_t ring = qp->sq_wqebb * 64;
+	uint32_t pos = ((idx & (qp->sq_wqebb - 1)) * 64 + off) & (ring - 1);
+	uint8_t *d = dst;
+	while (len) {
+		uint32_t n = ring - pos;
+		if (n > len)
+			n = len;
+		memcpy(d, qp->sq_buf + pos, n);
+		d += n;
+		len -= n;
+		pos = 0;
+	}
+}
+
+enum { EXEC_DONE = 0, EXEC_STALL = 1 };
+
+static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
+{
+	uint32_t idx = qp->sq_exec & 0xffff;
+	uint8_t w[ST_MLX5_SEND_WQE_MAX_WQEBBS * 64];
+	struct st_mlx5_wqe_ctrl_seg ctrl;
+	sq_read(qp, idx, 0, &ctrl, sizeof ctrl);
+	uint32_t ds = st_mlx5_ctrl_ds(&ctrl);
+	uint32_t opcode = st_mlx5_ctrl_opcode(&ctrl), opmod = st_mlx5_ctrl_opmod(&ctrl);
+	if (ds == 0)
+		ds = 1;
+	uint32_t nbb = st_mlx5_wqebbs(ds);
+	if (nbb > ST_MLX5_SEND_WQE_MAX_WQEBBS)
+		nbb = ST_MLX5_SEND_WQE_MAX_WQEBBS, ds = nbb * 4;
+	if (qp->peer && qp->peer->outq_bytes > EMU_OUTQ_LIMIT)
+		return EXEC_STALL;
+	if (qp->inflight_tail - qp->inflight_head >= qp->inflight_cap)
+		return EXEC_STALL;
+	sq_read(qp, idx, 0, w, ds * 16);
+	int signaled = (ctrl.fm_ce_se & ST_MLX5_WQE_CTRL_CE_MASK) == ST_MLX5_WQE_CTRL_CQ_UPDATE ||
+		       (ctrl.fm_ce_se & ST_MLX5_WQE_CTRL_CE_MASK) == ST_MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE;
+	struct emu_inflight *f = inflight_push(qp);
+	f->wqe_idx = (uint16_t)idx;
+	f->opcode = (uint8_t)opcode;
+	f->signaled = (uint8_t)signaled;
+	qp->sq_exec += nbb;
+	EMU_LOG("qp 0x%x exec wqe %u opcode 0x%x ds %u ce %d", qp->qpn, idx, opcode, ds, signaled);
+
+	if (qp->state == IBV_QPS_ERR) {
+		f->done = 1;
+		f->syndrome = ST_MLX5_CQE_SYNDROME_WR_FLUSH_ERR;
+		return EXEC_DONE;
+	}
+#define FAIL(s) do { f->done = 1; f->syndrome = (s); return EXEC_DONE; } while (0)
+	if (opcode == ST_MLX5_OPCODE_NOP) {
+		f->done = 1;
+		return EXEC_DONE;
+	}
+	if (!qp->peer || qp->peer->dead) {
+		if (!qp->peer)
+			emu_resolve_peer(qp);
+		if (!qp->peer || qp->peer->dead)
+			FAIL(ST_MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
+	}
+	uint32_t off = 16;
+	struct emu_pkt h;
+	memset(&h, 0, sizeof h);
+	h.dst_qpn = qp->dest_qpn;
+	h.src_qpn = qp->qpn;
+	h.src_lid = nic->lid;
+	h.seq = f->seq = qp->next_seq++;
+	h.op = (uint8_t)opcode;
+	const struct st_mlx5_wqe_raddr_seg *ra = NULL;
+	struct emu_gather g[EMU_MAX_SGE + 4];
+	int ng = 0;
+	uint64_t total = 0;
+
+	switch (opcode) {
+	case ST_MLX5_OPCODE_RDMA_WRITE:
+	case ST_MLX5_OPCODE_RDMA_WRITE_IMM:
+	case ST_MLX5_OPCODE_RDMA_READ:
+	case ST_MLX5_OPCODE_ATOMIC_CS:
+	case ST_MLX5_OPCODE_ATOMIC_FA:
+		if (off + 16 > ds * 16)
+			FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+		ra = (const struct st_mlx5_wqe_raddr_seg *)(w + off);
+		off += 16;
+		h.raddr = be64toh(ra->raddr);
+		h.rkey = be32toh(ra->rkey);
+		break;
+	case ST_MLX5_OPCODE_SEND:
+	case ST_MLX5_OPCODE_SEND_IMM:
+	case ST_MLX5_OPCODE_SEND_INVAL:
+		break;
+	default:
+		(void)opmod;
+		FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+	}
+
+	if (opcode == ST_MLX5_OPCODE_ATOMIC_CS || opcode == ST_MLX5_OPCODE_ATOMIC_FA) {
+		if (off + 32 > ds * 16)
+			FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+		const struct st_mlx5_wqe_atomic_seg *as = (const void *)(w + off);
+		off += 16;
+		const struct st_mlx5_wqe_data_seg *d = (const void *)(w + off);
+		h.swap_add = be64toh(as->swap_add);
+		h.compare = be64toh(as->compare);
+		uint32_t len = be32toh(d->byte_count), lkey = be32toh(d->lkey);
+		uint64_t addr = be64toh(d->addr);
+		if (len < 8 || emu_check_local(nic, lkey, addr, 8, 1))
+			FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
+		f->nsge = 1;
+		f->sge[0].addr = addr;
+		f->sge[0].len = 8;
+		f->sge[0].lkey = lkey;
+		h.type = PKT_ATOMIC_REQ;
+		h.flags = PF_FIRST | PF_LAST;
+		h.total = 8;
+		emu_node_send(qp->peer, &h, NULL, 0, 0);
+		return EXEC_DONE;
+	}
+
+	if (opcode == ST_MLX5_OPCODE_RDMA_READ) {
+		while (off + 16 <= ds * 16 && f->nsge < EMU_MAX_SGE) {
+			const struct st_mlx5_wqe_data_seg *d = (const void *)(w + off);
+			off += 16;
+			uint32_t len = be32toh(d->byte_count) & 0x7fffffff, lkey = be32toh(d->lkey);
+			uint64_t addr = be64toh(d->addr);
+			if (emu_check_local(nic, lkey, addr, len, 1))
+				FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
+			f->sge[f->nsge].addr = addr;
+			f->sge[f->nsge].len = len;
+			f->sge[f->nsge].lkey = lkey;
+			f->nsge++;
+			total += len;
+		}
+		h.type = PKT_READ_REQ;
+		h.flags = PF_FIRST | PF_LAST;
+		h.total = (uint32_t)total;
+		emu_node_send(qp->peer, &h, NULL, 0, 0);
+		return EXEC_DONE;
+	}
+
+	/* SEND / WRITE: gather list from data or inline segments */
+	while (off + 4 <= ds * 16 && ng < EMU_MAX_SGE + 4) {
+		uint32_t bc;
+		memcpy(&bc, w + off, 4);
+		bc = be32toh(bc);
+		if (bc & ST_MLX5_INLINE_SEG) {
+			uint32_t len = bc & 0x3ff;
+			if (off + 4 + len > ds * 16)
+				FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
+			g[ng].data = w + off + 4;
+			g[ng].len = len;
+			ng++;
+			total += len;
+			off += (4 + len + 15) & ~15u;
+		} else {
+			if (off + 16 > ds * 16)
+				break;
+			const struct st_mlx5_wqe_data_seg *d = (const void *)(w + off);
+			off += 16;
+			uint32_t len = bc, lkey = be32toh(d->lkey);
+			uint64_t addr = be64toh(d->addr);
+			if (emu_check_local(nic, lkey, addr, len, 0))
+				FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
+			g[ng].data = (const uint8_t *)(uintptr_t)addr;
+			g[ng].len = len;
+			ng++;
+			total += len;
+		}
+	}
+	if (total > (1ull << 31))
+		FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
+	f->byte_len = (uint32_t)total;
+	int is_send = opcode == ST_MLX5_OPCODE_SEND || opcode == ST_MLX5_OPCODE_SEND_IMM || opcode == ST_MLX5_OPCODE_SEND_INVAL;
+	h.type = is_send ? PKT_SEND : PKT_WRITE;
+	h.total = (uint32_t)total;
+	if (opcode == ST_MLX5_OPCODE_SEND_IMM || opcode == ST_MLX5_OPCODE_RDMA_WRITE_IMM)
+		h.imm = ctrl.imm;
+	if (opcode == ST_MLX5_OPCODE_SEND_INVAL)
+		h.imm = ctrl.imm;
+	uint16_t extra = (opcode == ST_MLX5_OPCODE_SEND_IMM || opcode == ST_MLX5_OPCODE_RDMA_WRITE_IMM) ? PF_IMM :
+			 opcode == ST_MLX5_OPCODE_SEND_INVAL ? PF_INV : 0;
+	if (ctrl.fm_ce_se & ST_MLX5_WQE_CTRL_SOLICITED)
+		extra |= 0x10; /* solicited event */
+	uint64_t base_raddr = h.raddr;
+	uint32_t o = 0;
+	do {
+		uint32_t n = (uint32_t)total - o;
+		if (n > EMU_PKT_MAX)
+			n = EMU_PKT_MAX;
+		h.flags = (uint16_t)((o == 0 ? PF_FIRST : 0) | (o + n == total ? (PF_LAST | extra) : 0));
+		h.offset = o;
+		h.len = n;
+		h.raddr = base_raddr + o;
+		emu_node_send(qp->peer, &h, g, ng, o);
+		o += n;
+	} while (o < total);
+	return EXEC_DONE;
+#undef FAIL
+}
+
+static struct emu_inflight *inflight_find(struct emu_qp *qp, uint32_t seq)
+{
+	for (uint32_t i = qp->inflight_head; i != qp->inflight_tail; i++) {
+		struct emu_inflight *f = &qp->inflight[i % qp->inflight_cap];
+		if (!f->done && f->seq == seq)
+			return f;
+	}
+	return NULL;
+}
+
+void emu_requester_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu_pkt *p)
+{
+	struct emu_inflight *f = inflight_find(qp, p->seq);
+	if (!f)
+		return;
+	switch (p->type) {
+	case PKT_ACK:
+		f->done = 1;
+		break;
+	case PKT_NAK:
+		f->done = 1;
+		f->syndrome = (uint8_t)p->syndrome;
+		break;
+	case PKT_READ_RESP: {
+		uint32_t off = p->offset, len = p->len;
+		const uint8_t *src = p->payload;
+		for (uint32_t i = 0; i < f->nsge && len; i++) {
+			if (off >= f->sge[i].len) {
+				off -= f->sge[i].len;
+				continue;
+			}
+			uint32_t n = f->sge[i].len - off;
+			if (n > len)
+				n = len;
+			/* re-validate: the MR could have been deregistered meanwhile */
+			if (emu_check_local(nic, f->sge[i].lkey, f->sge[i].addr + off, n, 1)) {
+				f->done = 1;
+				f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR;
+				emu_drain_inflight(qp);
+				return;
+			}
+			memcpy((uint8_t *)(uintptr_t)(f->sge[i].addr + off), src, n);
+			src += n;
+			len -= n;
+			off = 0;
+		}
+		if (p->flags & PF_LAST) {
+			f->done = 1;
+			f->byte_len = p->total;
+		}
+		break;
+	}
+	case PKT_ATOMIC_RESP:
+		if (f->nsge && !emu_check_local(nic, f->sge[0].lkey, f->sge[0].addr, 8, 1))
+			memcpy((void *)(uintptr_t)f->sge[0].addr, &p->swap_add, 8);
+		f->done = 1;
+		f->byte_len = 8;
+		break;
+	}
+	emu_drain_inflight(qp);
+}
+
+int emu_service_qps(struct emu_nic *nic)
+{
+	int work = 0;
+	for (int i = 0; i < nic->nq; i++) {
+		struct emu_qp *qp = nic->qlist[i];
+		while ((uint16_t)(qp->sq_announced - qp->sq_exec) != 0 && qp->sq_buf) {
+			if (exec_wqe(nic, qp) == EXEC_STALL)
+				break;
+			work++;
+		}
+		emu_drain_inflight(qp);
+		work += emu_service_pending(nic, qp);
+		if (qp->state == IBV_QPS_ERR)
+			emu_flush_rq(qp);
+	}
+	return work;
+}
