@@ -5,6 +5,7 @@ import sys
 
 from .. import __version__
 from ..errors import SigmatraceError
+from .args import DefaultsFormatter, OneLineParser
 
 # Subcommands in the order `--help` lists them.  Each is a module in this
 # package with register(subparsers) that sets `func` on its parser.
@@ -24,8 +25,8 @@ def not_implemented(name):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="sigmatrace",
+    parser = OneLineParser(
+        prog="sigmatrace", formatter_class=DefaultsFormatter,
         description="Library-agnostic tracing of CPU- and GPU-initiated RDMA (verbs, mlx5dv/DevX doorbells, "
         "CUDA, UCX, libfabric), with a SimPy testbed for replay and what-if.",
     )
@@ -42,12 +43,22 @@ def build_parser():
             p.set_defaults(func=not_implemented(name))
             continue
         mod.register(sub)
+    for name, p in sub.choices.items():
+        p.formatter_class = DefaultsFormatter
+        p.set_defaults(subparser=p)
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # options may stand between a command's positionals (`query R --format csv "SQL"`): argparse then
+        # leaves the later positional over; a command that takes it says so (absorb_extra)
+        absorb = getattr(args, "absorb_extra", None)
+        if absorb is None or not absorb(args, extra):
+            sub = getattr(args, "subparser", parser)
+            sub.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

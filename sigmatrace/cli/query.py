@@ -13,6 +13,7 @@ import json
 import sys
 
 from ..errors import SigmatraceError
+from .args import nonneg_int
 
 
 def _print(cur, fmt, limit):
@@ -76,9 +77,17 @@ def register(subparsers):
     p.add_argument("--named", help="run a shipped analysis query")
     p.add_argument("--list", action="store_true", help="list the shipped analysis queries")
     p.add_argument("--var", action="append", help="NAME=VALUE for getvariable() (e.g. bin_ns=100000)")
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
+    p.add_argument("--limit", type=nonneg_int, default=0, help="print at most this many rows; 0: all")
     p.add_argument("--perfetto", action="store_true", help="PerfettoSQL through trace_processor")
     p.add_argument("--trace-processor", help="path of a trace_processor binary")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, absorb_extra=_absorb_sql)
     return p
+
+
+def _absorb_sql(args, extra):
+    """`query SOURCE --format csv "SQL"`: argparse gives the SQL back as an extra argument."""
+    if args.sql is None and len(extra) == 1 and not extra[0].startswith("-"):
+        args.sql = extra[0]
+        return True
+    return False

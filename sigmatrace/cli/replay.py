@@ -5,6 +5,8 @@ import importlib
 import json
 import sys
 
+from .args import nonneg_float, positive_int, queue_depth
+
 
 def register(subparsers):
     p = subparsers.add_parser(
@@ -15,10 +17,14 @@ def register(subparsers):
                     "--queue-depth or --poller-wakeup-ns it re-simulates the poller and says what would have "
                     "been lost or delayed. Then decodes the capture.")
     p.add_argument("capture", help="capture file or directory of per-process files")
-    p.add_argument("--batch-threshold", type=int, default=None)
-    p.add_argument("--queue-depth", type=int, default=None, help="SQ depth in WQEBBs to assume")
-    p.add_argument("--poller-wakeup-ns", type=float, default=None)
-    p.add_argument("--copy-latency-ns", type=float, default=None)
+    p.add_argument("--batch-threshold", type=positive_int, default=None,
+                   help="what-if: WQEBBs per recovery batch (default: as recorded)")
+    p.add_argument("--queue-depth", type=queue_depth, default=None,
+                   help="what-if: SQ depth in WQEBBs, a power of two (default: each QP's recorded depth)")
+    p.add_argument("--poller-wakeup-ns", type=nonneg_float, default=None,
+                   help="what-if: poller wake-up latency in ns (default: as recorded)")
+    p.add_argument("--copy-latency-ns", type=nonneg_float, default=None,
+                   help="what-if: latency of the recovery copy in ns (default: the model's)")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--strict", action="store_true", help="exit 1 when violations or predicted losses are found")
     p.set_defaults(func=run)
@@ -26,8 +32,13 @@ def register(subparsers):
 
 def run(args):
     from sigmatrace_sim.replay import analyse, format_report
-    cap, rep = analyse(args.capture, batch_threshold=args.batch_threshold, queue_depth=args.queue_depth,
-                       poller_wakeup_ns=args.poller_wakeup_ns, copy_latency_ns=args.copy_latency_ns)
+
+    from ..errors import SigmatraceError, TraceFormatError
+    try:
+        cap, rep = analyse(args.capture, batch_threshold=args.batch_threshold, queue_depth=args.queue_depth,
+                           poller_wakeup_ns=args.poller_wakeup_ns, copy_latency_ns=args.copy_latency_ns)
+    except TraceFormatError as e:      # the report's rule: only a capture with nothing readable is an error
+        raise SigmatraceError(str(e)) from None
     summary = None
     try:
         corr = importlib.import_module("sigmatrace.correlate")
@@ -49,7 +60,7 @@ def run(args):
         print("decoded summary:")
         print(json.dumps(summary, indent=1, default=str))
     if args.strict and not rep["clean"]:
-        return 1
+        return 1     # violations, predicted losses, or nothing checked
     return 0
 
 

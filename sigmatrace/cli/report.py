@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SigmatraceError
+from .args import nonneg_int, positive_int
 
 
 def _fmt_bytes(b):
@@ -65,11 +66,11 @@ def print_summary(s, out, file=None):
 
 def run(args):
     from ..errors import TraceFormatError
-    from ..report import build_report   # here, not at the top: `sigmatrace --help` loads no numpy
+    from ..report.build import build_report, default_output   # here: `sigmatrace --help` loads no numpy
     cap = Path(args.capture)
     if not cap.exists():
         raise SigmatraceError(f"{cap}: no such capture file or directory")
-    out = Path(args.output) if args.output else (cap if cap.is_dir() else cap.parent) / "report"
+    out = Path(args.output) if args.output else default_output(cap)
     try:
         corr, summary, timings = build_report(cap, out, workers=args.workers, perfetto=not args.no_perfetto,
                                               figures=not args.no_figures, quiet=args.quiet,
@@ -91,16 +92,18 @@ def register(subparsers):
     p = subparsers.add_parser("report", help="correlate a capture: Perfetto trace, summary.json, Parquet tables, figures",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("capture", help="directory of per-process files, or one capture.bin")
-    p.add_argument("-o", "--output", help="report directory (default: CAPTURE/report or next to the file)")
-    p.add_argument("-j", "--workers", type=int, default=None, help="decode processes (default: all cores)")
+    p.add_argument("-o", "--output", help="report directory (default: CAPTURE/report for a directory, "
+                   "NAME.report beside a capture file NAME.bin); an earlier report there is replaced whole")
+    p.add_argument("-j", "--workers", type=positive_int, default=None, help="decode processes (default: all cores)")
     p.add_argument("--clock-refine", choices=("auto", "always", "never"), default="auto",
                    help="cross-node clock refinement from matched operations (F24b)")
-    p.add_argument("--max-perfetto-events", type=int, default=500_000)
-    p.add_argument("--batch-records", type=int, default=None,
+    p.add_argument("--max-perfetto-events", type=nonneg_int, default=500_000,
+                   help="events drawn in the Perfetto trace (the earliest; the tables hold all); 0: none")
+    p.add_argument("--batch-records", type=positive_int, default=None,
                    help="records decoded and written at a time per worker (bounds memory; default 262144)")
-    p.add_argument("--no-perfetto", action="store_true")
-    p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--no-perfetto", action="store_true", help="write no Perfetto trace")
+    p.add_argument("--no-figures", action="store_true", help="draw no figures")
     p.add_argument("--json", action="store_true", help="print a one-line JSON digest instead of the text summary")
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars and no summary on the terminal")
     p.set_defaults(func=run)
     return p

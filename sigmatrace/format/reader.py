@@ -359,6 +359,8 @@ def capture_files(path_or_paths):
             files.extend(found)
         elif p.is_file():
             files.append(p)
+        elif p.exists():
+            raise TraceFormatError("not a regular file or a directory of capture files", p)
         else:
             raise TraceFormatError("no such capture file or directory", p)
     return files

@@ -3,12 +3,16 @@ Parquet tables, figures).  The layer above the exporters, queries and analyses; 
 and ``query`` commands call it."""
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from .. import analysis as A
 from ..correlate import correlate
+from ..errors import SigmatraceError
 from ..export import write_perfetto
 from ..format.reader import capture_files
 from ..query import connect
@@ -44,17 +48,67 @@ class _Progress:
             self.bar = None
 
 
+REPORT_MARKERS = ("summary.json", "tables", "trace.pftrace", "figures")
+
+
+def is_previous_report(path: Path) -> bool:
+    """A directory that holds a sigmatrace report and nothing else (what ``build_report`` may replace)."""
+    names = {p.name for p in path.iterdir()}
+    return bool(names) and names <= set(REPORT_MARKERS) and "summary.json" in names
+
+
+def default_output(capture) -> Path:
+    """Where a report goes without -o: CAPTURE/report for a directory, NAME.report beside a file NAME.bin
+    (so the captures of one folder do not overwrite each other's reports)."""
+    cap = Path(capture)
+    return cap / "report" if cap.is_dir() else cap.with_name(cap.stem + ".report")
+
+
 def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=False, clock_refine="auto",
                  max_perfetto_events=500_000, batch_records=None):
     """Correlate ``capture`` and write the report into ``out``; returns (Correlated, summary, timings).
 
-    ``batch_records``: records decoded / written at a time (bounded memory; default
-    ``decode.DEFAULT_BATCH_RECORDS``).  The events table is streamed from the capture into
+    ``out`` holds one report: it is written beside it and then put in place whole, replacing an earlier
+    report there (never a mix of two reports' files); a directory that holds anything else is refused, and
+    a failed report leaves nothing behind.  ``batch_records``: records decoded / written at a time (bounded
+    memory; default ``decode.DEFAULT_BATCH_RECORDS``).  The events table is streamed from the capture into
     ``tables/events/part-*.parquet`` by the worker processes (one row group per batch) and never held whole
     in memory; the per-operation tables are written in row ranges."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise SigmatraceError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not is_previous_report(out):
+        raise SigmatraceError(f"{out} holds files that are not a sigmatrace report; give another -o or empty it")
     files = capture_files(capture)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        result = _write_report(files, capture, tmp, workers, perfetto, figures, quiet, clock_refine,
+                               max_perfetto_events, batch_records)
+        _put_in_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
+def _put_in_place(tmp: Path, out: Path):
+    """``tmp`` becomes ``out``; an earlier report there is moved aside first and then removed."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.{os.getpid()}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if any(out.iterdir()):
+            out.rename(old)
+        else:
+            out.rmdir()
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_report(files, capture, out, workers, perfetto, figures, quiet, clock_refine, max_perfetto_events,
+                  batch_records):
     prog = _Progress(quiet, len(files))
     timings = {}
     t = time.perf_counter()
