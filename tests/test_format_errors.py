@@ -1,5 +1,6 @@
 """Bad input in the reader and the decoder: one error type, one rule (issue 12, finding 11)."""
 import io
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,18 @@ def test_resynchronisation_copies_the_buffer_once(monkeypatch):
     got = list(reader.iter_chunks("mem", errors="recover", losses=losses, data=data))
     assert len(got) == 300 and len(losses) == 300
     assert len(copies) == 1
+
+
+def test_capture_concatenated_with_itself_is_read_once_with_a_warning(tmp_path):
+    from sigmatrace.correlate import correlate
+    src = (Path(__file__).resolve().parent.parent / "fixtures" / "put.bin").read_bytes()
+    twice = tmp_path / "twice.bin"
+    twice.write_bytes(src + src)
+    once = correlate(Path(__file__).resolve().parent.parent / "fixtures" / "put.bin", workers=1)
+    got = correlate(twice, workers=1)
+    assert [w for w in got.warnings if "after their END chunk" in w and "ignored" in w]
+    assert got.stats["events"] == once.stats["events"]
+    assert len(got.tables["ops"]["op_id"]) == len(once.tables["ops"]["op_id"])
+    cap = F.read_capture(twice)
+    assert [w for w in cap.warnings if "after their END chunk" in w]
+    assert len(cap.events) == len(F.read_capture(Path(__file__).resolve().parent.parent / "fixtures" / "put.bin").events)

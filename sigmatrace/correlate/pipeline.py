@@ -48,7 +48,7 @@ def correlate(capture, workers=None, clock_refine="auto", progress=None, refine_
     out.files = [str(p) for p in paths]
     tick = (lambda n: progress("decode", n)) if progress else None
     memtrace("start")
-    results = decode_all(paths, workers, tick, batch_records)
+    results = decode_all(paths, workers, tick, batch_records, warnings=out.warnings)
     memtrace("decoded")
     procs = []
     seen = {}

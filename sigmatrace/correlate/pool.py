@@ -10,7 +10,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 
 from ..decode import DEFAULT_BATCH_RECORDS, decode_file, finish_warnings, merge_ranges, open_buffer
-from ..format.reader import chunk_spans
+from ..format.reader import chunk_spans, repeat_warning, repeated_from
 
 
 def _decode_task(task):
@@ -116,14 +116,24 @@ def _discard(fut):
 SPLIT_MIN_BYTES = 32 << 20   # files larger than this are split into ranges when workers would idle
 
 
-def decode_all(paths, workers, progress, batch_records=DEFAULT_BATCH_RECORDS):
-    """Decode every file (ranges of large files in parallel); results in file order."""
+def decode_all(paths, workers, progress, batch_records=DEFAULT_BATCH_RECORDS, warnings=None):
+    """Decode every file (ranges of large files in parallel); results in file order.  A file that holds
+    its processes twice (``format.reader.repeated_from``) is decoded up to the repeat, with a warning."""
     if workers is None:
         workers = os.cpu_count() or 1
     workers = max(1, int(workers))
     tasks = []
     for p in paths:
-        spans = [(0, None)]
+        end = None
+        try:
+            rep = repeated_from(p, open_buffer(str(p)))
+        except (OSError, ValueError):
+            rep = None
+        if rep is not None:
+            if warnings is not None:
+                warnings.append(repeat_warning(p, rep))
+            end = rep[0] if rep[3] else None
+        spans = [(0, end)]
         if workers > 1 and len(paths) < workers:
             try:
                 size = os.path.getsize(p)
@@ -132,10 +142,10 @@ def decode_all(paths, workers, progress, batch_records=DEFAULT_BATCH_RECORDS):
             if size >= SPLIT_MIN_BYTES:
                 try:
                     buf = open_buffer(str(p))
-                    spans = chunk_spans(p, max(1, -(-workers // len(paths))), data=buf)
+                    spans = chunk_spans(p, max(1, -(-workers // len(paths))), data=buf if end is None else buf[:end])
                     del buf
                 except (OSError, ValueError):
-                    spans = [(0, None)]
+                    spans = [(0, end)]
         for a, b in spans:
             tasks.append((str(p), a, b, batch_records))
     nw = max(1, min(workers, len(tasks)))

@@ -307,6 +307,45 @@ def chunk_spans(path, parts, data=None):
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
+def repeated_from(path, data=None):
+    """(offset, chunks, uids) when the file holds processes again after their END chunk — a capture
+    concatenated with itself, or a process file appended twice — else None.
+
+    ``offset``: the first such chunk; the tail from there is dropped by the readers only when every chunk
+    in it belongs to a process that had already ended (the usual ``cat a.bin a.bin``); ``chunks``: how many
+    chunks come after their process's END.  Walks the chunk headers only (no CRC), stopping where a header
+    looks wrong (``iter_chunks`` deals with that part)."""
+    buf = data if data is not None else _map(str(path))
+    n = len(buf)
+    ended, first, count, uids, only_repeats = set(), None, 0, set(), True
+    off = 0
+    while off + L.CHUNK_HEADER_SIZE <= n:
+        magic, version, kind, uid, thread, plen, cnt, crc = _HEADER.unpack_from(buf, off)
+        if magic != L.MAGIC or version != L.VERSION or plen > L.MAX_PAYLOAD or plen % 8:
+            break
+        if uid in ended:
+            if first is None:
+                first = off
+            count += 1
+            uids.add(uid)
+        elif first is not None:
+            only_repeats = False
+        if kind == L.CHUNK_END and first is None:
+            ended.add(uid)
+        off += L.CHUNK_HEADER_SIZE + plen
+    if first is None:
+        return None
+    return first, count, sorted(uids), only_repeats
+
+
+def repeat_warning(path, found):
+    off, count, uids, dropped = found
+    return (f"{path}: {count} chunk(s) of process(es) {', '.join(f'{u:#x}' for u in uids[:4])}"
+            f"{'…' if len(uids) > 4 else ''} come after their END chunk, from offset {off} (the file holds them "
+            f"twice: a capture concatenated with itself?); "
+            + ("that tail is ignored" if dropped else "kept: counts from this file may be doubled"))
+
+
 def _map(path):
     try:
         size = os.path.getsize(path)
@@ -460,7 +499,13 @@ def read_capture(path_or_paths, errors="raise") -> Capture:
     calib = {}
     aggs = {}
     for path in cap.paths:
-        for ch in iter_chunks(path, errors=errors, losses=cap.losses):
+        data = _map(str(path))
+        rep = repeated_from(path, data)
+        stop = None
+        if rep is not None:
+            cap.warnings.append(repeat_warning(path, rep))
+            stop = rep[0] if rep[3] else None
+        for ch in iter_chunks(path, errors=errors, losses=cap.losses, data=data, stop=stop):
             proc = by_uid.get(ch.process_uid)
             if ch.kind == L.CHUNK_PROCESS:
                 if proc is not None and proc.header is not None and owner_path.get(ch.process_uid) != ch.path:
