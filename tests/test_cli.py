@@ -68,3 +68,19 @@ def test_doctor_reports_hijack_build_and_poller_settings():
     h = j["hijack"]
     assert h["cuda_provider"] == ("cuda" in (j["build"] or {}).get("providers", []))
     assert h["poller_cpus"] == [0, 0, 1] and h["spin_us"] == -1
+
+
+def test_doctor_says_what_to_do_about_each_missing_piece():
+    from sigmatrace.cli import doctor
+    info = doctor.collect()
+    info.update(tracer_library="/x/libsigmatrace.so", build={"providers": ["cuda", "ibv"]}, emulated_hca=None,
+                rdma_devices=[], gpus=[], ptp_clocks=[], trace_processor=None,
+                cpu=dict(info["cpu"], waitpkg=False, monitorx=False))
+    got = dict(doctor.advice(info))
+    assert "libucx-dev" in got["ucx provider"] and "libfabric-dev" in got["ofi provider"]
+    assert "mlx5 provider" in got and "ibv provider" not in got
+    assert "LD_LIBRARY_PATH" in got["RDMA devices"]
+    assert "SIGMATRACE_TRACE_PROCESSOR" in got["trace_processor"]
+    assert "SIGMATRACE_POLLER_CPUS" in got["poller wait"]
+    info.update(tracer_library=None)
+    assert ".ci/install" in dict(doctor.advice(info))["tracer library"]

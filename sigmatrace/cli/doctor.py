@@ -193,8 +193,56 @@ def collect():
     }
 
 
+# provider -> (library it traces, the Debian package whose headers the build needs)
+PROVIDER_NEEDS = {"ibv": ("libibverbs", "libibverbs-dev"), "mlx5": ("libmlx5", "libibverbs-dev"),
+                  "ucx": ("ucx (libucp)", "libucx-dev"), "ofi": ("libfabric", "libfabric-dev"),
+                  "cuda": ("cuda driver", "the CUDA headers (nvcc / cuda-toolkit)")}
+
+
+def advice(info):
+    """What a user can do about each missing piece: [(what, what to do)]."""
+    out = []
+    if not info["tracer_library"]:
+        out.append(("tracer library", "not built: run `bash .ci/install` (or `pip install .` in a virtual "
+                                      "environment) from a checkout; set SIGMATRACE_LIB_DIR for a build elsewhere"))
+    built = set((info["build"] or {}).get("providers", []))
+    for prov, (lib, pkg) in PROVIDER_NEEDS.items():
+        if info["tracer_library"] and prov not in built:
+            present = info["libraries"].get(lib)
+            out.append((f"{prov} provider", f"not built, so {lib} calls are not traced"
+                        + (f" although {present} is here" if present else "")
+                        + f": install {pkg} and rebuild (`bash .ci/install`)"))
+    if not info["emulated_hca"]:
+        out.append(("emulated HCA", "not built (needs the rdma-core headers, libibverbs-dev): the verbs tests "
+                                    "and examples without an RDMA NIC need it"))
+    if not info["rdma_devices"]:
+        emu = info["emulated_hca"]
+        out.append(("RDMA devices", "none in /sys/class/infiniband: real traffic needs an mlx5 NIC; to try the "
+                                    "tracer without one, put the emulated HCA first: LD_LIBRARY_PATH="
+                                    + (str(Path(emu).parent) if emu else "<emulator dir>") + " (docs/emulator.md)"))
+    if not info["gpus"]:
+        out.append(("GPUs", "none visible: GPU-initiated doorbells (NVSHMEM/DeepEP IBGDA) can only be traced on a "
+                            "machine with an NVIDIA GPU and driver"))
+    c = info["cpu"]
+    if not c.get("waitpkg") and not c.get("monitorx"):
+        out.append(("poller wait", "no WAITPKG/MONITORX (common in VMs): doorbell pollers spin with pause and "
+                                   "back off; give each poller its own core with SIGMATRACE_POLLER_CPUS "
+                                   "(docs/hijack.md)"))
+    if not c.get("constant_tsc") or not c.get("nonstop_tsc"):
+        out.append(("TSC", "not constant/nonstop: timestamps drift with frequency changes; the correlator refits "
+                           "them from the calibration pairs, but per-event times are less exact"))
+    if not info["ptp_clocks"]:
+        out.append(("PTP clocks", "none: clocks of different nodes are aligned from matched operations (F24b); a "
+                                  "PTP-disciplined CLOCK_TAI makes cross-node times exact"))
+    if not info["trace_processor"]:
+        out.append(("trace_processor", "not found: `sigmatrace query --perfetto` needs Perfetto's trace_processor "
+                                       "binary (set SIGMATRACE_TRACE_PROCESSOR=PATH); DuckDB queries work without it"))
+    return out
+
+
 def run(args):
     info = collect()
+    info["advice"] = [{"what": w, "do": d} for w, d in advice(info)]
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -235,6 +283,10 @@ def run(args):
     print(f"  RDMA devices   : {', '.join(d['name'] for d in info['rdma_devices']) or 'none'}")
     print(f"  PTP clocks     : {', '.join(info['ptp_clocks']) or 'none'}")
     print(f"  trace_processor: {info['trace_processor'] or 'not found (PerfettoSQL queries unavailable)'}")
+    if info["advice"]:
+        print("what to do:")
+        for a in info["advice"]:
+            print(f"  {a['what']}: {a['do']}")
     return 0
 
 
