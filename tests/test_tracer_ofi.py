@@ -10,6 +10,7 @@ an untraced run.
 import os
 import shutil
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -162,7 +163,7 @@ def test_sigmatrace_run_two_ranks_share_a_directory(tmp_path):
     out = tmp_path / "ranks"
     port = free_port()
     common = ["-p", "tcp", "-e", "msg", "-I", "10", "-S", "64"]
-    runner = ["python", "-m", "sigmatrace", "run", "-o", str(out), "--mode", "simple", "--providers", "ofi", "--"]
+    runner = [sys.executable, "-m", "sigmatrace", "run", "-o", str(out), "--mode", "simple", "--providers", "ofi", "--"]
     env = dict(os.environ, PYTHONPATH=str(_native.SOURCE_ROOT))
     env.pop("LD_PRELOAD", None)
     srv = subprocess.Popen(runner + [FI_PINGPONG, *common, "-B", str(port)],
