@@ -34,6 +34,27 @@ struct lookup {
 	void *result;
 };
 
+/* No libc string calls on this path: a sanitizer runtime intercepts them and is not ready yet when it
+ * calls our dlsym during its own initialisation. */
+static int same_name(const char *a, const char *b)
+{
+	while (*a && *a == *b)
+		a++, b++;
+	return *a == *b;
+}
+
+static int contains(const char *hay, const char *needle)
+{
+	for (; *hay; hay++) {
+		const char *h = hay, *n = needle;
+		while (*n && *h == *n)
+			h++, n++;
+		if (!*n)
+			return 1;
+	}
+	return 0;
+}
+
 static uint32_t gnu_hash(const char *s)
 {
 	uint32_t h = 5381;
@@ -42,16 +63,13 @@ static uint32_t gnu_hash(const char *s)
 	return h;
 }
 
-static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
+/* One loaded object (load base, dynamic section): the symbol's address in lk->result. */
+static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *lk)
 {
-	struct lookup *lk = data;
-	(void)size;
-	if (lk->result || !info->dlpi_name || !strstr(info->dlpi_name, lk->lib))
-		return 0;
-	const ElfW(Dyn) *dyn = NULL;
-	for (int i = 0; i < info->dlpi_phnum; i++)
-		if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
-			dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+	struct {
+		ElfW(Addr) dlpi_addr;
+	} info_, *info = &info_;
+	info_.dlpi_addr = base;
 	if (!dyn)
 		return 0;
 	ElfW(Addr) symtab = 0, strtab = 0, gnuhash = 0, hash = 0, versym = 0;
@@ -83,7 +101,7 @@ static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 	do {                                                                                   \
 		const ElfW(Sym) *s_ = &syms[idx];                                              \
 		if (s_->st_value && s_->st_shndx != SHN_UNDEF &&                                \
-		    ELF64_ST_TYPE(s_->st_info) == STT_FUNC && !strcmp(strs + s_->st_name, lk->sym)) { \
+		    ELF64_ST_TYPE(s_->st_info) == STT_FUNC && same_name(strs + s_->st_name, lk->sym)) { \
 			void *addr_ = (void *)(info->dlpi_addr + s_->st_value);                  \
 			if (vs && (vs[idx] & 0x8000))                                          \
 				hidden_match = addr_;                                          \
@@ -126,14 +144,19 @@ static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 	return 0;
 }
 
+/* The dynamic linker's list of loaded objects, walked directly rather than with dl_iterate_phdr: a
+ * sanitizer runtime preloaded before us intercepts dl_iterate_phdr and resolves what it intercepts through
+ * dlsym — ours — while it initialises, so that path would call an interceptor not yet set up. */
+extern struct r_debug _r_debug;
+
 static void *libc_symbol(const char *sym)
 {
 	static const char *const libs[] = {"libc.so", "libdl.so"};
 	for (unsigned i = 0; i < 2; i++) {
 		struct lookup lk = {libs[i], sym, NULL};
-		dl_iterate_phdr(lookup_cb, &lk);
-		if (lk.result)
-			return lk.result;
+		for (struct link_map *m = _r_debug.r_map; m; m = m->l_next)
+			if (m->l_name && contains(m->l_name, lk.lib) && lookup_in(m->l_ld, m->l_addr, &lk))
+				return lk.result;
 	}
 	return NULL;
 }
