@@ -289,7 +289,7 @@ int emu_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 		got++;
 	}
 	if (got)
-		cq->dbrec[ST_MLX5_CQ_SET_CI] = htobe32(cq->ci & 0xffffff);
+		__atomic_store_n(&cq->dbrec[ST_MLX5_CQ_SET_CI], htobe32(cq->ci & 0xffffff), __ATOMIC_RELAXED);
 	pthread_spin_unlock(&cq->poll_lock);
 	if (!got)
 		sched_yield(); /* 2-core friendliness: let the NIC thread run */

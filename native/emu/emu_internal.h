@@ -19,6 +19,18 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+/* The NIC thread plays the device: its reads and writes of host memory (SQ, CQ, data buffers, UAR pages
+ * sampled for doorbells) are DMA, ordered by doorbells, barriers and ownership bits as on real hardware —
+ * synchronisation a thread sanitizer cannot see.  Under ThreadSanitizer the NIC thread's memory accesses
+ * are therefore ignored (its locks are still tracked), so races among the program's and the tracer's own
+ * threads are the ones reported. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_ignore_thread_begin(void); /* in the runtime; not in every compiler's tsan_interface.h */
+#define EMU_DEVICE_THREAD() __tsan_ignore_thread_begin()
+#else
+#define EMU_DEVICE_THREAD() ((void)0)
+#endif
+
 #define EMU_MAX_QP      4096
 #define EMU_QPN_BASE    0x100
 #define EMU_MAX_MR      16384

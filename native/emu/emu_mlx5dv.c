@@ -115,7 +115,7 @@ EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
 		if (qp->uarobj && !qp->uarobj->devx) {
 			pthread_mutex_lock(&qp->nic->lock);
 			qp->uarobj->devx = 1;
-			qp->nic->have_devx_uars++;
+			__atomic_fetch_add(&qp->nic->have_devx_uars, 1, __ATOMIC_RELAXED);
 			pthread_mutex_unlock(&qp->nic->lock);
 		}
 	}

@@ -116,6 +116,7 @@ static void *nic_main(void *arg)
 {
 	struct emu_nic *nic = arg;
 	unsigned idle = 0;
+	EMU_DEVICE_THREAD();
 	uint64_t backoff_us = 20;
 	while (__atomic_load_n(&nic->running, __ATOMIC_ACQUIRE)) {
 		int work = 0;
@@ -157,7 +158,7 @@ static void *nic_main(void *arg)
 			uint64_t us;
 			if (backlog)
 				us = 200;
-			else if (nic->have_devx_uars)
+			else if (__atomic_load_n(&nic->have_devx_uars, __ATOMIC_RELAXED))
 				us = backoff_us;
 			else
 				us = 50000;

@@ -14,7 +14,8 @@ EXPORT void emu_cq_write(struct emu_cq *cq, const struct st_mlx5_cqe64 *cqe)
 	pthread_mutex_lock(&cq->lock);
 	uint32_t n = cq->ncqe;
 	if (!cq->collapsed) {
-		uint32_t ci = be32toh(cq->dbrec[ST_MLX5_CQ_SET_CI]) & 0xffffff;
+		/* the doorbell record is host memory the consumer updates while the NIC reads it */
+		uint32_t ci = be32toh(__atomic_load_n(&cq->dbrec[ST_MLX5_CQ_SET_CI], __ATOMIC_RELAXED)) & 0xffffff;
 		if (((cq->pi - ci) & 0xffffff) >= n) {
 			static int warned;
 			if (!warned++)

@@ -94,4 +94,16 @@ static inline void wait_mwaitx(const volatile void *addr, uint32_t ticks)
 }
 #endif
 
+/* A read that races with the application by design (the recovery copy of a ring the application keeps
+ * writing; what it copies is validated).  ThreadSanitizer ignores the accesses in between. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_ignore_thread_begin(void);
+void __tsan_ignore_thread_end(void);
+#define racy_read_begin() __tsan_ignore_thread_begin()
+#define racy_read_end() __tsan_ignore_thread_end()
+#else
+#define racy_read_begin() ((void)0)
+#define racy_read_end() ((void)0)
+#endif
+
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "arch.h"
 #include "hijack_private.h"
 
 /* s follows record q (its SQ looked up under hijack_lock: umems change). */
@@ -214,9 +215,13 @@ void hijack_issue_copy(struct page *pg, struct qpstate *s, uint32_t first, uint3
 			if (r)
 				p->copy_failed = 1;
 		} else if (!s->gpu) {
+			/* a racy read by design: the application may be writing the next WQEs into the ring
+			 * while it is copied; every copied WQE is checked (parse, index, guard) before use */
+			racy_read_begin();
 			memcpy(dst, (const void *)(s->sq + (uint64_t)s0 * 64), (size_t)c1 * 64);
 			if (c2)
 				memcpy(dst + (size_t)c1 * 64, (const void *)s->sq, (size_t)c2 * 64);
+			racy_read_end();
 		} else {
 			p->copy_failed = 1;
 		}
