@@ -16,6 +16,8 @@
 #ifndef ST_PROV_IBV_INTERNAL_H
 #define ST_PROV_IBV_INTERNAL_H
 
+#include <pthread.h>
+
 #include <infiniband/verbs.h>
 
 #include "core/core.h"
@@ -52,7 +54,9 @@ struct st_ibv_ctx {
 	uint64_t node_guid; /* host order */
 };
 
-extern struct st_ibv_ctx st_ibv_ctxs[ST_IBV_MAX_CTX] ST_HIDDEN;
+extern struct st_ibv_ctx st_ibv_ctxs[ST_IBV_MAX_CTX] ST_HIDDEN; /* ibv_context.c */
+/* Held while entries of either table are created, and for the NIC list. */
+extern pthread_mutex_t st_ibv_lock ST_HIDDEN;
 
 static inline struct st_ibv_ctx *st_ibv_ctx_find(const struct ibv_context *c)
 {
@@ -140,5 +144,7 @@ void st_ibv_qp_ex_patch(struct ibv_qp_ex *qpx) ST_HIDDEN;
 void st_ibv_patch_ops(struct st_ibv_ctx *c, struct ibv_context *ctx) ST_HIDDEN;
 /* A libibverbs function the wrappers need but do not wrap. */
 void *st_ibv_sym(const char *name) ST_HIDDEN;
+/* A GID as the correlator reads it: eight groups of four hex digits. */
+void st_ibv_gid_str(char out[40], const uint8_t g[16]) ST_HIDDEN;
 
 #endif /* ST_PROV_IBV_INTERNAL_H */
