@@ -4,10 +4,14 @@
  * Exported functions of libibverbs are wrapped by symbol shims (same name,
  * exported from the preloaded tracer) and, for programs that dlopen the
  * library and look functions up by name (NCCL), by the dlsym injection of
- * interpose/ — every shim is in the hook table registered below.  The hot
- * calls (post_send, post_recv, poll_cq, ...) are inline dispatches through the
- * context ops and are wrapped in ibv_hot.c when a context is opened
- * (ibv_context.c, which also records the NIC identity).
+ * interpose/ — every shim is in the hook table registered below.  The shims
+ * of one shape (resolve, guard, call, record) are generated from the table
+ * ibv_shims.def (the shape: rdma_shim.h); the irregular ones are written
+ * out below the generated ones.
+ *
+ * The hot calls (post_send, post_recv, poll_cq, ...) are inline dispatches
+ * through the context ops and are wrapped in ibv_hot.c when a context is
+ * opened (ibv_context.c, which also records the NIC identity).
  *
  * Lifecycle events are recorded in every mode (they are few, and the
  * correlator needs them to name QPs and join the two ends of a connection),
@@ -22,7 +26,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ibv_internal.h"
+#include "rdma_shim.h"
 
 /* verbs.h turns some names into macros; we define the exported functions. */
 #undef ibv_get_device_list
@@ -33,28 +37,14 @@
 __thread int st_rdma_depth ST_TLS;
 pthread_mutex_t st_ibv_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* ---- real functions ------------------------------------------------------ */
-static struct ibv_device **(*real_get_device_list)(int *);
-static struct ibv_context *(*real_open_device)(struct ibv_device *);
 /* the doorbell hijack (hijack/hijack.h) and the mlx5 provider, when linked in */
 void st_hijack_cpu_release_ctx(void *ctx) __attribute__((weak)) ST_HIDDEN;
 void st_mlx5_verbs_qp_destroyed(uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
-static int (*real_close_device)(struct ibv_context *);
-static struct ibv_pd *(*real_alloc_pd)(struct ibv_context *);
-static int (*real_dealloc_pd)(struct ibv_pd *);
-static struct ibv_mr *(*real_reg_mr)(struct ibv_pd *, void *, size_t, int);
-static struct ibv_mr *(*real_reg_mr_iova)(struct ibv_pd *, void *, size_t, uint64_t, int);
-static struct ibv_mr *(*real_reg_mr_iova2)(struct ibv_pd *, void *, size_t, uint64_t, unsigned int);
-static struct ibv_mr *(*real_reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
-static int (*real_dereg_mr)(struct ibv_mr *);
-static struct ibv_cq *(*real_create_cq)(struct ibv_context *, int, void *, struct ibv_comp_channel *, int);
-static int (*real_destroy_cq)(struct ibv_cq *);
-static struct ibv_qp *(*real_create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
-static int (*real_modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
-static int (*real_destroy_qp)(struct ibv_qp *);
-static struct ibv_qp_ex *(*real_qp_to_qp_ex)(struct ibv_qp *);
-static struct ibv_srq *(*real_create_srq)(struct ibv_pd *, struct ibv_srq_init_attr *);
-static int (*real_get_cq_event)(struct ibv_comp_channel *, struct ibv_cq **, void **);
+
+/* ---- real functions: real_<name> for every row of ibv_shims.def ---------- */
+#define ST_SHIM(fail, provider, ret_type, name, params, args, skip, note, record) ST_RDMA_REAL(ret_type, name, params)
+#define ST_SHIM_BY_HAND(provider, ret_type, name, params) ST_RDMA_REAL(ret_type, name, params)
+#include "ibv_shims.def"
 
 /*
  * A libibverbs function we call but do not wrap (queries for the identity).
@@ -67,7 +57,7 @@ void *st_ibv_sym(const char *name)
 	void *p = st_resolve_next(name);
 	if (p)
 		return p;
-	void *known = real_open_device ? (void *)real_open_device : (void *)real_get_device_list;
+	void *known = real_ibv_open_device ? (void *)real_ibv_open_device : (void *)real_ibv_get_device_list;
 	Dl_info info;
 	if (!known || !dladdr(known, &info) || !info.dli_fname)
 		return NULL;
@@ -129,252 +119,7 @@ struct st_ibv_qp *st_ibv_qp_get(const struct ibv_context *c, uint32_t qpn)
 	return q; /* NULL when the neighbourhood is full: the QP is traced without state */
 }
 
-
-/* ---- device list / context ----------------------------------------------- */
-ST_EXPORT struct ibv_device **ibv_get_device_list(int *num)
-{
-	if (!ST_REAL(real_get_device_list, "ibv_get_device_list")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	return real_get_device_list(num);
-}
-
-ST_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev)
-{
-	if (!ST_REAL(real_open_device, "ibv_open_device")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_open_device(dev);
-	st_rdma_enter();
-	struct ibv_context *ctx = real_open_device(dev);
-	st_rdma_leave();
-	if (ctx)
-		st_ibv_context_opened(ctx);
-	return ctx;
-}
-
-ST_EXPORT int ibv_close_device(struct ibv_context *ctx)
-{
-	if (!ST_REAL(real_close_device, "ibv_close_device"))
-		return ENOSYS;
-	/* always, traced or not: the pollers of its verbs QPs' proxied BlueFlame
-	 * registers must stop before the real UAR pages go */
-	if (st_hijack_cpu_release_ctx)
-		st_hijack_cpu_release_ctx(ctx);
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_close_device(ctx);
-	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
-	uint32_t id = c ? c->id : st_obj_id(ctx, NULL);
-	st_rdma_enter();
-	int ret = real_close_device(ctx);
-	st_rdma_leave();
-	int saved = errno;
-	if (ret == 0 && c)
-		c->closed = 1; /* keep the entry: its function pointers stay valid */
-	st_ev(ST_EV_IBV_CLOSE_DEVICE, 0, id, (uint64_t)(int64_t)ret);
-	errno = saved;
-	return ret;
-}
-
-/* ---- PD / MR ------------------------------------------------------------- */
-ST_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
-{
-	if (!ST_REAL(real_alloc_pd, "ibv_alloc_pd")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_alloc_pd(ctx);
-	st_rdma_enter();
-	struct ibv_pd *pd = real_alloc_pd(ctx);
-	st_rdma_leave();
-	if (pd) {
-		int saved = errno, is_new;
-		st_ev(ST_EV_IBV_ALLOC_PD, 0, st_obj_id(pd, &is_new), st_obj_id(ctx, NULL));
-		errno = saved;
-	}
-	return pd;
-}
-
-ST_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
-{
-	if (!ST_REAL(real_dealloc_pd, "ibv_dealloc_pd"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_dealloc_pd(pd);
-	uint32_t id = st_obj_id(pd, NULL);
-	st_rdma_enter();
-	int ret = real_dealloc_pd(pd);
-	st_rdma_leave();
-	int saved = errno;
-	if (ret == 0)
-		st_ev(ST_EV_IBV_DEALLOC_PD, 0, id, 0);
-	errno = saved;
-	return ret;
-}
-
-static void mr_event(struct ibv_mr *mr, struct ibv_pd *pd, uint64_t addr, size_t len, unsigned access)
-{
-	if (!mr)
-		return;
-	int saved = errno;
-	st_ev_ext(ST_EV_IBV_REG_MR, 0, mr->lkey, addr, len, (uint16_t)access, mr->rkey, st_obj_id(pd, NULL));
-	errno = saved;
-}
-
-ST_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
-{
-	if (!ST_REAL(real_reg_mr, "ibv_reg_mr")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_reg_mr(pd, addr, len, access);
-	st_rdma_enter();
-	struct ibv_mr *mr = real_reg_mr(pd, addr, len, access);
-	st_rdma_leave();
-	mr_event(mr, pd, (uintptr_t)addr, len, (unsigned)access);
-	return mr;
-}
-
-ST_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access)
-{
-	if (!ST_REAL(real_reg_mr_iova, "ibv_reg_mr_iova")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_reg_mr_iova(pd, addr, len, iova, access);
-	st_rdma_enter();
-	struct ibv_mr *mr = real_reg_mr_iova(pd, addr, len, iova, access);
-	st_rdma_leave();
-	mr_event(mr, pd, (uintptr_t)addr, len, (unsigned)access);
-	return mr;
-}
-
-ST_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
-					  unsigned int access)
-{
-	if (!ST_REAL(real_reg_mr_iova2, "ibv_reg_mr_iova2")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_reg_mr_iova2(pd, addr, len, iova, access);
-	st_rdma_enter();
-	struct ibv_mr *mr = real_reg_mr_iova2(pd, addr, len, iova, access);
-	st_rdma_leave();
-	mr_event(mr, pd, (uintptr_t)addr, len, access);
-	return mr;
-}
-
-ST_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd,
-					   int access)
-{
-	if (!ST_REAL(real_reg_dmabuf_mr, "ibv_reg_dmabuf_mr")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
-	st_rdma_enter();
-	struct ibv_mr *mr = real_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
-	st_rdma_leave();
-	mr_event(mr, pd, iova, len, (unsigned)access); /* no process address: the iova */
-	return mr;
-}
-
-ST_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
-{
-	if (!ST_REAL(real_dereg_mr, "ibv_dereg_mr"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_IBV) || !mr)
-		return real_dereg_mr(mr);
-	uint32_t lkey = mr->lkey;
-	st_rdma_enter();
-	int ret = real_dereg_mr(mr);
-	st_rdma_leave();
-	int saved = errno;
-	if (ret == 0)
-		st_ev(ST_EV_IBV_DEREG_MR, 0, lkey, 0);
-	errno = saved;
-	return ret;
-}
-
-/* ---- CQ / SRQ -------------------------------------------------------------- */
-ST_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
-				       struct ibv_comp_channel *ch, int vector)
-{
-	if (!ST_REAL(real_create_cq, "ibv_create_cq")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_create_cq(ctx, cqe, cq_context, ch, vector);
-	st_rdma_enter();
-	struct ibv_cq *cq = real_create_cq(ctx, cqe, cq_context, ch, vector);
-	st_rdma_leave();
-	if (cq) {
-		int saved = errno, is_new;
-		st_ev(ST_EV_IBV_CREATE_CQ, 0, st_obj_id(cq, &is_new), (uint64_t)cq->cqe);
-		errno = saved;
-	}
-	return cq;
-}
-
-ST_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
-{
-	if (!ST_REAL(real_destroy_cq, "ibv_destroy_cq"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_destroy_cq(cq);
-	uint32_t id = st_obj_id(cq, NULL);
-	st_rdma_enter();
-	int ret = real_destroy_cq(cq);
-	st_rdma_leave();
-	int saved = errno;
-	if (ret == 0)
-		st_ev(ST_EV_IBV_DESTROY_CQ, 0, id, 0);
-	errno = saved;
-	return ret;
-}
-
-ST_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
-{
-	if (!ST_REAL(real_create_srq, "ibv_create_srq")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_create_srq(pd, attr);
-	st_rdma_enter();
-	struct ibv_srq *srq = real_create_srq(pd, attr);
-	st_rdma_leave();
-	if (srq) {
-		int saved = errno, is_new;
-		st_ev(ST_EV_IBV_CREATE_SRQ, 0, st_obj_id(srq, &is_new), attr ? attr->attr.max_wr : 0);
-		errno = saved;
-	}
-	return srq;
-}
-
-ST_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
-{
-	if (!ST_REAL(real_get_cq_event, "ibv_get_cq_event"))
-		return -1;
-	int ret = real_get_cq_event(ch, cq, cq_context);
-	if (ret == 0 && cq && st_provider_on(ST_PROV_IBV) && st_full()) {
-		int saved = errno;
-		st_ev(ST_EV_IBV_GET_CQ_EVENT, 0, st_obj_id(*cq, NULL), 0);
-		errno = saved;
-	}
-	return ret;
-}
-
-/* ---- QP ------------------------------------------------------------------ */
+/* ---- what the shims record (the `record` column of ibv_shims.def) --------- */
 void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *ax, const struct ibv_qp_init_attr *a)
 {
 	if (!qp)
@@ -427,20 +172,13 @@ void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *ax, 
 	errno = saved;
 }
 
-ST_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+static void mr_event(struct ibv_mr *mr, struct ibv_pd *pd, uint64_t addr, size_t len, unsigned access)
 {
-	if (!ST_REAL(real_create_qp, "ibv_create_qp")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_create_qp(pd, attr);
-	st_rdma_enter();
-	struct ibv_qp *qp = real_create_qp(pd, attr);
-	st_rdma_leave();
-	/* the provider writes the granted caps back into attr */
-	st_ibv_qp_created(qp, NULL, attr);
-	return qp;
+	if (!mr)
+		return;
+	int saved = errno;
+	st_ev_ext(ST_EV_IBV_REG_MR, 0, mr->lkey, addr, len, (uint16_t)access, mr->rkey, st_obj_id(pd, NULL));
+	errno = saved;
 }
 
 static const char *const attr_names[] = {"state", "cur_state", "en_sqd_async_notify", "access_flags",
@@ -449,15 +187,10 @@ static const char *const attr_names[] = {"state", "cur_state", "en_sqd_async_not
 					 "min_rnr_timer", "sq_psn", "max_dest_rd_atomic", "path_mig_state",
 					 "cap", "dest_qpn"};
 
-ST_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+/* ibv_modify_qp's record: the peer of aggregate counters (dest QPN, peer
+ * node) into the QP entry, then the event with every attribute set. */
+static void qp_modified(int ret, struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
-	if (!ST_REAL(real_modify_qp, "ibv_modify_qp"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_IBV) || !qp || !attr)
-		return real_modify_qp(qp, attr, mask);
-	st_rdma_enter();
-	int ret = real_modify_qp(qp, attr, mask);
-	st_rdma_leave();
 	int saved = errno;
 
 	uint32_t dest = (mask & IBV_QP_DEST_QPN) ? attr->dest_qp_num : 0;
@@ -532,23 +265,73 @@ ST_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	uint16_t state = (mask & IBV_QP_STATE) ? (uint16_t)attr->qp_state : 0xffff;
 	st_ev_ext(ST_EV_IBV_MODIFY_QP, state, qp->qp_num, side, (uint64_t)(unsigned)mask, dlid, dest, 0);
 	errno = saved;
+}
+
+/* ---- the generated shims (rows ST_SHIM of ibv_shims.def) ------------------ */
+#define ST_SHIM ST_RDMA_SHIM
+#define ST_SHIM_BY_HAND(provider, ret_type, name, params)
+#include "ibv_shims.def"
+
+/* ---- the shims written out (rows ST_SHIM_BY_HAND) ------------------------- */
+ST_EXPORT struct ibv_device **ibv_get_device_list(int *num)
+{
+	if (!ST_REAL(real_ibv_get_device_list, "ibv_get_device_list")) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	return real_ibv_get_device_list(num);
+}
+
+ST_EXPORT int ibv_close_device(struct ibv_context *ctx)
+{
+	if (!ST_REAL(real_ibv_close_device, "ibv_close_device"))
+		return ENOSYS;
+	/* always, traced or not: the pollers of its verbs QPs' proxied BlueFlame
+	 * registers must stop before the real UAR pages go */
+	if (st_hijack_cpu_release_ctx)
+		st_hijack_cpu_release_ctx(ctx);
+	if (!st_rdma_should(ST_PROV_IBV))
+		return real_ibv_close_device(ctx);
+	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
+	uint32_t id = c ? c->id : st_obj_id(ctx, NULL);
+	st_rdma_enter();
+	int ret = real_ibv_close_device(ctx);
+	st_rdma_leave();
+	int saved = errno;
+	if (ret == 0 && c)
+		c->closed = 1; /* keep the entry: its function pointers stay valid */
+	st_ev(ST_EV_IBV_CLOSE_DEVICE, 0, id, (uint64_t)(int64_t)ret);
+	errno = saved;
+	return ret;
+}
+
+ST_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
+{
+	if (!ST_REAL(real_ibv_get_cq_event, "ibv_get_cq_event"))
+		return -1;
+	int ret = real_ibv_get_cq_event(ch, cq, cq_context);
+	if (ret == 0 && cq && st_provider_on(ST_PROV_IBV) && st_full()) {
+		int saved = errno;
+		st_ev(ST_EV_IBV_GET_CQ_EVENT, 0, st_obj_id(*cq, NULL), 0);
+		errno = saved;
+	}
 	return ret;
 }
 
 ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 {
-	if (!ST_REAL(real_destroy_qp, "ibv_destroy_qp"))
+	if (!ST_REAL(real_ibv_destroy_qp, "ibv_destroy_qp"))
 		return ENOSYS;
 	/* always, traced or not (the proxy was handed out by the mlx5 provider):
 	 * its SQ goes away, so the hijack forgets it first */
 	if (qp && st_mlx5_verbs_qp_destroyed)
 		st_mlx5_verbs_qp_destroyed(qp->qp_num);
 	if (!st_rdma_should(ST_PROV_IBV) || !qp)
-		return real_destroy_qp(qp);
+		return real_ibv_destroy_qp(qp);
 	uint32_t qpn = qp->qp_num;
 	const struct ibv_context *ctx = qp->context;
 	st_rdma_enter();
-	int ret = real_destroy_qp(qp);
+	int ret = real_ibv_destroy_qp(qp);
 	st_rdma_leave();
 	int saved = errno;
 	if (ret == 0) {
@@ -568,11 +351,11 @@ ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 
 ST_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 {
-	if (!ST_REAL(real_qp_to_qp_ex, "ibv_qp_to_qp_ex")) {
+	if (!ST_REAL(real_ibv_qp_to_qp_ex, "ibv_qp_to_qp_ex")) {
 		errno = ENOSYS;
 		return NULL;
 	}
-	struct ibv_qp_ex *qpx = real_qp_to_qp_ex(qp);
+	struct ibv_qp_ex *qpx = real_ibv_qp_to_qp_ex(qp);
 	if (qpx && st_provider_on(ST_PROV_IBV)) {
 		int saved = errno;
 		st_ibv_qp_ex_patch(qpx);
@@ -582,43 +365,30 @@ ST_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 }
 
 /* ---- verbs_context ops: ibv_create_qp_ex / ibv_create_cq_ex are inline ---- */
-static struct ibv_qp *wrap_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr)
-{
-	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
-	if (unlikely(!c || !c->create_qp_ex)) {
-		errno = EOPNOTSUPP;
-		return NULL;
+/* The shape of a shim, with the provider's function kept in the context
+ * entry instead of a real_<name> (the call never reaches a symbol). */
+#define VCTX_WRAPPER(ret_type, slot, attr_type, record)                         \
+	static ret_type *wrap_##slot(struct ibv_context *ctx, attr_type *attr)  \
+	{                                                                       \
+		struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);                    \
+		if (unlikely(!c || !c->slot)) {                                 \
+			errno = EOPNOTSUPP;                                     \
+			return NULL;                                            \
+		}                                                               \
+		if (!st_rdma_should(ST_PROV_IBV))                               \
+			return c->slot(ctx, attr);                              \
+		st_rdma_enter();                                                \
+		ret_type *ret = c->slot(ctx, attr);                             \
+		st_rdma_leave();                                                \
+		record;                                                         \
+		return ret;                                                     \
 	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return c->create_qp_ex(ctx, attr);
-	st_rdma_enter();
-	struct ibv_qp *qp = c->create_qp_ex(ctx, attr);
-	st_rdma_leave();
-	st_ibv_qp_created(qp, attr, NULL);
-	return qp;
-}
 
-static struct ibv_cq_ex *wrap_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *attr)
-{
-	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
-	if (unlikely(!c || !c->create_cq_ex)) {
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return c->create_cq_ex(ctx, attr);
-	st_rdma_enter();
-	struct ibv_cq_ex *cq = c->create_cq_ex(ctx, attr);
-	st_rdma_leave();
-	if (cq) {
-		/* ibv_cq_ex_to_cq: the ibv_cq is the prefix of the ibv_cq_ex, so
-		 * the id matches the one poll_cq sees */
-		int saved = errno, is_new;
-		st_ev(ST_EV_IBV_CREATE_CQ, 0, st_obj_id((struct ibv_cq *)cq, &is_new), (uint64_t)cq->cqe);
-		errno = saved;
-	}
-	return cq;
-}
+VCTX_WRAPPER(struct ibv_qp, create_qp_ex, struct ibv_qp_init_attr_ex, st_ibv_qp_created(ret, attr, NULL))
+/* ibv_cq_ex_to_cq: the ibv_cq is the prefix of the ibv_cq_ex, so the id
+ * matches the one poll_cq sees */
+VCTX_WRAPPER(struct ibv_cq_ex, create_cq_ex, struct ibv_cq_init_attr_ex,
+	     ST_RDMA_CREATED((struct ibv_cq *)ret, ST_EV_IBV_CREATE_CQ, (uint64_t)ret->cqe))
 
 void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx) ST_HIDDEN;
 void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx)
@@ -637,27 +407,9 @@ void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx)
 
 /* ---- registration: symbol shims double as dlsym/dlvsym injection hooks ---- */
 static const struct st_hook ibv_hooks[] = {
-	{"ibv_get_device_list", (void *)ibv_get_device_list, (void **)&real_get_device_list, ST_PROV_IBV},
-	{"ibv_open_device", (void *)ibv_open_device, (void **)&real_open_device, ST_PROV_IBV},
-	{"ibv_close_device", (void *)ibv_close_device, (void **)&real_close_device, ST_PROV_IBV},
-	{"ibv_alloc_pd", (void *)ibv_alloc_pd, (void **)&real_alloc_pd, ST_PROV_IBV},
-	{"ibv_dealloc_pd", (void *)ibv_dealloc_pd, (void **)&real_dealloc_pd, ST_PROV_IBV},
-	{"ibv_reg_mr", (void *)ibv_reg_mr, (void **)&real_reg_mr, ST_PROV_IBV},
-	{"ibv_reg_mr_iova", (void *)ibv_reg_mr_iova, (void **)&real_reg_mr_iova, ST_PROV_IBV},
-	{"ibv_reg_mr_iova2", (void *)ibv_reg_mr_iova2, (void **)&real_reg_mr_iova2, ST_PROV_IBV},
-	{"ibv_reg_dmabuf_mr", (void *)ibv_reg_dmabuf_mr, (void **)&real_reg_dmabuf_mr, ST_PROV_IBV},
-	{"ibv_dereg_mr", (void *)ibv_dereg_mr, (void **)&real_dereg_mr, ST_PROV_IBV},
-	{"ibv_create_cq", (void *)ibv_create_cq, (void **)&real_create_cq, ST_PROV_IBV},
-	{"ibv_destroy_cq", (void *)ibv_destroy_cq, (void **)&real_destroy_cq, ST_PROV_IBV},
-	{"ibv_create_srq", (void *)ibv_create_srq, (void **)&real_create_srq, ST_PROV_IBV},
-	{"ibv_get_cq_event", (void *)ibv_get_cq_event, (void **)&real_get_cq_event, ST_PROV_IBV},
-	{"ibv_create_qp", (void *)ibv_create_qp, (void **)&real_create_qp, ST_PROV_IBV},
-	{"ibv_modify_qp", (void *)ibv_modify_qp, (void **)&real_modify_qp, ST_PROV_IBV},
-	{"ibv_destroy_qp", (void *)ibv_destroy_qp, (void **)&real_destroy_qp, ST_PROV_IBV},
-	{"ibv_qp_to_qp_ex", (void *)ibv_qp_to_qp_ex, (void **)&real_qp_to_qp_ex, ST_PROV_IBV},
+#define ST_SHIM(fail, provider, ret_type, name, params, args, skip, note, record) ST_RDMA_HOOK(provider, name)
+#define ST_SHIM_BY_HAND(provider, ret_type, name, params) ST_RDMA_HOOK(provider, name)
+#include "ibv_shims.def"
 };
 
-__attribute__((constructor(110))) static void ibv_provider_init(void)
-{
-	st_hooks_register(ibv_hooks, sizeof(ibv_hooks) / sizeof(ibv_hooks[0]));
-}
+ST_HOOKS_CONSTRUCTOR(110, ibv_hooks)
