@@ -390,7 +390,6 @@ VCTX_WRAPPER(struct ibv_qp, create_qp_ex, struct ibv_qp_init_attr_ex, st_ibv_qp_
 VCTX_WRAPPER(struct ibv_cq_ex, create_cq_ex, struct ibv_cq_init_attr_ex,
 	     ST_RDMA_CREATED((struct ibv_cq *)ret, ST_EV_IBV_CREATE_CQ, (uint64_t)ret->cqe))
 
-void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx) ST_HIDDEN;
 void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx)
 {
 	struct verbs_context *v = verbs_get_ctx_op(ctx, create_qp_ex);
