@@ -253,6 +253,12 @@ void st_json_null(struct st_json *j, const char *key) ST_HIDDEN;
 void st_json_bool(struct st_json *j, const char *key, int v) ST_HIDDEN;
 void st_json_bytes_hex(struct st_json *j, const char *key, const void *p, size_t n) ST_HIDDEN;
 void st_json_sockaddr(struct st_json *j, const char *key, const void *sa, size_t len) ST_HIDDEN;
+/* The start of nearly every side JSON: an object in buf. */
+static inline void st_json_begin_object(struct st_json *j, char *buf, size_t cap)
+{
+	st_json_init(j, buf, cap);
+	st_json_open(j, NULL, '{');
+}
 
 /* ---- object ids (objmap.c): pointer -> small id, lock-free lookups ----- */
 uint32_t st_obj_id(const void *ptr, int *is_new) ST_HIDDEN;

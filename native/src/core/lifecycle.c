@@ -240,8 +240,7 @@ static void final_pass(const char *reason, int sig, int have_lock)
 
 	struct st_json j;
 	char buf[8192];
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_str(&j, "reason", reason);
 	if (sig)
 		st_json_int(&j, "signal", sig);

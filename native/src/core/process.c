@@ -58,8 +58,7 @@ static void build_process_header(struct st_json *j)
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	exe[n > 0 ? n : 0] = 0;
 
-	st_json_init(j, jbuf, sizeof(jbuf));
-	st_json_open(j, NULL, '{');
+	st_json_begin_object(j, jbuf, sizeof(jbuf));
 	st_json_int(j, "format_version", ST_FORMAT_VERSION);
 	st_json_hex(j, "process_uid", st_trace_uid);
 	st_json_str(j, "tracer", "native");

@@ -186,8 +186,7 @@ static void describe_thread(struct st_thread *t)
 {
 	struct st_json j;
 	char buf[512];
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "thread_index", t->index);
 	st_json_int(&j, "tid", t->tid);
 	st_json_str(&j, "name", t->name);

@@ -174,34 +174,30 @@ static void *inject(const struct st_hook *h, void *real)
 	return h->wrapper;
 }
 
+/* The body of both exports.  A hooked name is looked up from here, so its
+ * RTLD_NEXT means "after sigmatrace", the traced library; any other name
+ * ends in a tail call, which keeps the caller's return address and so the
+ * caller's RTLD_NEXT. */
+#define LOOKUP(real, ...)                                              \
+	if (unlikely(!(real)))                                         \
+		bootstrap();                                           \
+	if (name && !in_dlsym && st_cfg.enabled) {                     \
+		const struct st_hook *hook = st_hook_find(name);       \
+		if (hook && st_provider_on(hook->provider)) {          \
+			in_dlsym = 1;                                  \
+			void *found = (real)(__VA_ARGS__);             \
+			in_dlsym = 0;                                  \
+			return inject(hook, found);                    \
+		}                                                      \
+	}                                                              \
+	return (real)(__VA_ARGS__)
+
 ST_EXPORT void *dlsym(void *handle, const char *name)
 {
-	if (unlikely(!real_dlsym_p))
-		bootstrap();
-	if (name && !in_dlsym && st_cfg.enabled) {
-		const struct st_hook *h = st_hook_find(name);
-		if (h && st_provider_on(h->provider)) {
-			in_dlsym = 1;
-			void *r = real_dlsym_p(handle, name);
-			in_dlsym = 0;
-			return inject(h, r);
-		}
-	}
-	return real_dlsym_p(handle, name); /* tail call: keeps RTLD_NEXT relative to the caller */
+	LOOKUP(real_dlsym_p, handle, name);
 }
 
 ST_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
 {
-	if (unlikely(!real_dlvsym_p))
-		bootstrap();
-	if (name && !in_dlsym && st_cfg.enabled) {
-		const struct st_hook *h = st_hook_find(name);
-		if (h && st_provider_on(h->provider)) {
-			in_dlsym = 1;
-			void *r = real_dlvsym_p(handle, name, version);
-			in_dlsym = 0;
-			return inject(h, r);
-		}
-	}
-	return real_dlvsym_p(handle, name, version);
+	LOOKUP(real_dlvsym_p, handle, name, version);
 }

@@ -141,8 +141,7 @@ void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *ax, 
 	const struct ibv_qp_cap *cap = ax ? &ax->cap : a ? &a->cap : NULL;
 	char buf[1024];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "qpn", qp->qp_num);
 	st_json_uint(&j, "qp_type", qp->qp_type);
 	st_json_uint(&j, "ctx", c ? c->id : st_obj_id(qp->context, NULL));
@@ -213,8 +212,7 @@ static void qp_modified(int ret, struct ibv_qp *qp, struct ibv_qp_attr *attr, in
 
 	char buf[1024];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "qpn", qp->qp_num);
 	st_json_hex(&j, "attr_mask", (unsigned)mask);
 	st_json_open(&j, "attrs", '[');

@@ -246,8 +246,7 @@ static void qp_introspected(int ret, struct mlx5dv_obj *obj, uint64_t type)
 	const struct mlx5dv_qp *dv_qp = obj->qp.out;
 	char buf[768];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "qpn", qp->qp_num);
 	st_json_hex(&j, "sq_buf", (uintptr_t)dv_qp->sq.buf);
 	st_json_uint(&j, "sq_wqe_cnt", dv_qp->sq.wqe_cnt);

@@ -146,8 +146,7 @@ static void record_create(uint16_t type, uint32_t id, const struct fi_info *info
 	int saved = errno;
 	char buf[2048];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "id", id);
 	side_info(&j, info);
 	if (extra_key)
@@ -393,8 +392,7 @@ static void patch_cq(struct fid_cq *cq, const struct fi_cq_attr *attr)
 		int saved = errno;
 		char buf[256];
 		struct st_json j;
-		st_json_init(&j, buf, sizeof(buf));
-		st_json_open(&j, NULL, '{');
+		st_json_begin_object(&j, buf, sizeof(buf));
 		st_json_uint(&j, "id", state->id);
 		st_json_int(&j, "format", state->cq_format);
 		st_json_uint(&j, "size", attr ? attr->size : 0);
@@ -423,8 +421,7 @@ static int av_insert(struct fid_av *av, const void *addr, size_t count, fi_addr_
 	int saved = errno;
 	char buf[8192];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "av", state->id);
 	st_json_uint(&j, "count", count);
 	st_json_int(&j, "ret", r);
@@ -501,8 +498,7 @@ ST_EXPORT int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
 		if (state) {
 			char buf[512];
 			struct st_json j;
-			st_json_init(&j, buf, sizeof(buf));
-			st_json_open(&j, NULL, '{');
+			st_json_begin_object(&j, buf, sizeof(buf));
 			st_json_uint(&j, "id", state->id);
 			st_json_str(&j, "provider", attr ? attr->prov_name : NULL);
 			st_json_str(&j, "name", attr ? attr->name : NULL);

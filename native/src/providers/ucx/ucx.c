@@ -148,8 +148,7 @@ static void worker_created(ucs_status_t ret, ucp_worker_h *worker_p)
 	uint32_t id = st_obj_id(*worker_p, &is_new);
 	char buf[1024];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "id", id);
 	/* the worker's own address: peers record its first bytes at ep creation */
 	static ucs_status_t (*get_addr)(ucp_worker_h, ucp_address_t **, size_t *);
@@ -183,8 +182,7 @@ static void ep_created(ucs_status_t ret, ucp_worker_h worker, const ucp_ep_param
 	uint32_t id = st_obj_id(*ep_p, &is_new);
 	char buf[1024];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "id", id);
 	st_json_uint(&j, "worker", st_obj_id(worker, NULL));
 	if (params) {
