@@ -137,6 +137,23 @@ static inline void flush_started(uint64_t t0, uint16_t scope, const void *owner,
 	errno = saved;
 }
 
+/* A created worker or endpoint: a fresh id, and its side JSON begun with it. */
+static uint32_t created_begin(const void *obj, struct st_json *j, char *buf, size_t cap)
+{
+	int is_new = 0;
+	uint32_t id = st_obj_id(obj, &is_new);
+	st_json_begin_object(j, buf, cap);
+	st_json_uint(j, "id", id);
+	return id;
+}
+
+/* ... and its event, carrying the JSON. */
+static void created_end(uint16_t type, uint32_t id, struct st_json *j)
+{
+	st_json_close(j, '}');
+	st_ev(type, 0, id, j->overflow ? 0 : st_side_json(j->buf, j->len));
+}
+
 /* UCP_WORKER_CREATE: the id, and the first bytes of the worker's address,
  * which a peer's UCP_EP_CREATE records as remote_address_prefix. */
 static void worker_created(ucs_status_t ret, ucp_worker_h *worker_p)
@@ -144,12 +161,9 @@ static void worker_created(ucs_status_t ret, ucp_worker_h *worker_p)
 	if (ret != UCS_OK || !worker_p || !*worker_p)
 		return;
 	int saved = errno;
-	int is_new = 0;
-	uint32_t id = st_obj_id(*worker_p, &is_new);
 	char buf[1024];
 	struct st_json j;
-	st_json_begin_object(&j, buf, sizeof(buf));
-	st_json_uint(&j, "id", id);
+	uint32_t id = created_begin(*worker_p, &j, buf, sizeof(buf));
 	/* the worker's own address: peers record its first bytes at ep creation */
 	static ucs_status_t (*get_addr)(ucp_worker_h, ucp_address_t **, size_t *);
 	static void (*rel_addr)(ucp_worker_h, ucp_address_t *);
@@ -167,8 +181,7 @@ static void worker_created(ucs_status_t ret, ucp_worker_h *worker_p)
 		rel_addr(*worker_p, addr);
 		st_leave();
 	}
-	st_json_close(&j, '}');
-	st_ev(ST_EV_UCP_WORKER_CREATE, 0, id, j.overflow ? 0 : st_side_json(buf, j.len));
+	created_end(ST_EV_UCP_WORKER_CREATE, id, &j);
 	errno = saved;
 }
 
@@ -178,12 +191,9 @@ static void ep_created(ucs_status_t ret, ucp_worker_h worker, const ucp_ep_param
 	if (ret != UCS_OK || !ep_p || !*ep_p)
 		return;
 	int saved = errno;
-	int is_new = 0;
-	uint32_t id = st_obj_id(*ep_p, &is_new);
 	char buf[1024];
 	struct st_json j;
-	st_json_begin_object(&j, buf, sizeof(buf));
-	st_json_uint(&j, "id", id);
+	uint32_t id = created_begin(*ep_p, &j, buf, sizeof(buf));
 	st_json_uint(&j, "worker", st_obj_id(worker, NULL));
 	if (params) {
 		st_json_hex(&j, "field_mask", params->field_mask);
@@ -198,8 +208,7 @@ static void ep_created(ucs_status_t ret, ucp_worker_h worker, const ucp_ep_param
 			st_json_bool(&j, "accepted", 1);
 		}
 	}
-	st_json_close(&j, '}');
-	st_ev(ST_EV_UCP_EP_CREATE, 0, id, j.overflow ? 0 : st_side_json(buf, j.len));
+	created_end(ST_EV_UCP_EP_CREATE, id, &j);
 	errno = saved;
 }
 
