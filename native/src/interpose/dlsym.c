@@ -44,9 +44,9 @@ static uint32_t gnu_hash(const char *s)
 
 static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 {
-	struct lookup *lk = data;
+	struct lookup *want = data;
 	(void)size;
-	if (lk->result || !info->dlpi_name || !strstr(info->dlpi_name, lk->lib))
+	if (want->result || !info->dlpi_name || !strstr(info->dlpi_name, want->lib))
 		return 0;
 	const ElfW(Dyn) *dyn = NULL;
 	for (int i = 0; i < info->dlpi_phnum; i++)
@@ -76,22 +76,22 @@ static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 		return 0;
 	const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
 	const char *strs = (const char *)strtab;
-	const ElfW(Half) *vs = (const ElfW(Half) *)versym;
+	const ElfW(Half) *versions = (const ElfW(Half) *)versym;
 	void *hidden_match = NULL;
 
-#define CONSIDER(idx)                                                                          \
-	do {                                                                                   \
-		const ElfW(Sym) *s_ = &syms[idx];                                              \
-		if (s_->st_value && s_->st_shndx != SHN_UNDEF &&                                \
-		    ELF64_ST_TYPE(s_->st_info) == STT_FUNC && !strcmp(strs + s_->st_name, lk->sym)) { \
-			void *addr_ = (void *)(info->dlpi_addr + s_->st_value);                  \
-			if (vs && (vs[idx] & 0x8000))                                          \
-				hidden_match = addr_;                                          \
-			else {                                                                 \
-				lk->result = addr_;                                            \
-				return 1;                                                      \
-			}                                                                      \
-		}                                                                              \
+#define CONSIDER(idx)                                                                                       \
+	do {                                                                                                \
+		const ElfW(Sym) *sym_ = &syms[idx];                                                         \
+		if (sym_->st_value && sym_->st_shndx != SHN_UNDEF &&                                        \
+		    ELF64_ST_TYPE(sym_->st_info) == STT_FUNC && !strcmp(strs + sym_->st_name, want->sym)) { \
+			void *addr_ = (void *)(info->dlpi_addr + sym_->st_value);                           \
+			if (versions && (versions[idx] & 0x8000))                                           \
+				hidden_match = addr_;                                                       \
+			else {                                                                              \
+				want->result = addr_;                                                       \
+				return 1;                                                                   \
+			}                                                                                   \
+		}                                                                                           \
 	} while (0)
 
 	if (gnuhash) {
@@ -100,7 +100,7 @@ static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 		const ElfW(Addr) *bloom = (const ElfW(Addr) *)&h[4];
 		const uint32_t *buckets = (const uint32_t *)&bloom[bloom_size];
 		const uint32_t *chain = &buckets[nbuckets];
-		uint32_t hv = gnu_hash(lk->sym);
+		uint32_t hv = gnu_hash(want->sym);
 		uint32_t idx = nbuckets ? buckets[hv % nbuckets] : 0;
 		if (idx >= symoffset) {
 			for (;;) {
@@ -120,7 +120,7 @@ static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 	}
 #undef CONSIDER
 	if (hidden_match) {
-		lk->result = hidden_match;
+		want->result = hidden_match;
 		return 1;
 	}
 	return 0;
@@ -130,10 +130,10 @@ static void *libc_symbol(const char *sym)
 {
 	static const char *const libs[] = {"libc.so", "libdl.so"};
 	for (unsigned i = 0; i < 2; i++) {
-		struct lookup lk = {libs[i], sym, NULL};
-		dl_iterate_phdr(lookup_cb, &lk);
-		if (lk.result)
-			return lk.result;
+		struct lookup want = {libs[i], sym, NULL};
+		dl_iterate_phdr(lookup_cb, &want);
+		if (want.result)
+			return want.result;
 	}
 	return NULL;
 }

@@ -35,12 +35,12 @@ typedef st_CUdeviceptr CUdeviceptr;
 static uint64_t gpa_unwrapped; /* symbols we know but could not wrap (variant clash) */
 
 #define CUDA_ERROR_NOT_INITIALIZED 3
-#define RESOLVE(var, name)                                                    \
-	do {                                                                  \
-		if (unlikely(!(var))) {                                       \
-			void *p_ = st_cudrv() ? st_cudrv_sym(name) : NULL;    \
+#define RESOLVE(var, name)                                                       \
+	do {                                                                     \
+		if (unlikely(!(var))) {                                          \
+			void *p_ = st_cudrv() ? st_cudrv_sym(name) : NULL;       \
 			__atomic_store_n((void **)&(var), p_, __ATOMIC_RELEASE); \
-		}                                                             \
+		}                                                                \
 	} while (0)
 
 static inline int on(void)
@@ -203,20 +203,20 @@ static void after_gpa(const char *sym, void **pfn, int ver, uint64_t flags, CUre
 
 /* ---- the shims of cuda_shims.def ---------------------------------------------------- */
 #define ST_CUDA_SHIM(name, params, args, translate, prepare, call_args, record) \
-	ST_EXPORT CUresult name params                                         \
-	{                                                                      \
-		RESOLVE(real_##name, #name);                                   \
-		if (!real_##name)                                              \
-			return CUDA_ERROR_NOT_INITIALIZED;                     \
-		translate;                                                     \
-		if (!on() || st_tls_depth)                                     \
-			return real_##name args;                               \
-		prepare;                                                       \
-		st_enter();                                                    \
-		CUresult ret = real_##name call_args;                          \
-		st_leave();                                                    \
-		record;                                                        \
-		return ret;                                                    \
+	ST_EXPORT CUresult name params                                          \
+	{                                                                       \
+		RESOLVE(real_##name, #name);                                    \
+		if (!real_##name)                                               \
+			return CUDA_ERROR_NOT_INITIALIZED;                      \
+		translate;                                                      \
+		if (!on() || st_tls_depth)                                      \
+			return real_##name args;                                \
+		prepare;                                                        \
+		st_enter();                                                     \
+		CUresult ret = real_##name call_args;                           \
+		st_leave();                                                     \
+		record;                                                         \
+		return ret;                                                     \
 	}
 #define ST_CUDA_PASS(name, params, args, record)               \
 	ST_EXPORT CUresult name params                         \

@@ -74,8 +74,8 @@ static inline void wr_remote(const struct ibv_send_wr *wr, uint64_t *raddr, uint
  * make it, keep errno, and see where the accepted WRs stop (*bad, on
  * failure). */
 #define POST_CALL(owner, slot, wr_type)                                                         \
-	struct st_ibv_ctx *c = st_ibv_ctx_find((owner)->context);                              \
-	if (unlikely(!c)) /* the context went away under us: nothing to call */                \
+	struct st_ibv_ctx *c = st_ibv_ctx_find((owner)->context);                               \
+	if (unlikely(!c)) /* the context went away under us: nothing to call */                 \
 		return EINVAL;                                                                  \
 	if (!st_provider_on(ST_PROV_IBV))                                                       \
 		return c->slot(owner, wr, bad);                                                 \
@@ -230,18 +230,18 @@ static int wrap_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 /* Called with the provider's lock held, once per opened context. */
 void st_ibv_patch_ops(struct st_ibv_ctx *c, struct ibv_context *ctx)
 {
-	struct ibv_context_ops *o = &ctx->ops;
+	struct ibv_context_ops *ops = &ctx->ops;
 	/* keep the provider's functions; never our own (a context seen twice) */
-#define ST_HOT_OP(slot)                 \
-	if (o->slot != wrap_##slot)     \
-		c->slot = o->slot;
+#define ST_HOT_OP(slot)                   \
+	if (ops->slot != wrap_##slot)     \
+		c->slot = ops->slot;
 #include "ibv_hot_ops.def"
 	__atomic_store_n(&c->ctx, ctx, __ATOMIC_RELEASE);
 	/* a slot the provider left empty stays empty: the inline call would
 	 * have crashed without us, and must fail the same way with us */
 #define ST_HOT_OP(slot)                                                  \
 	if (c->slot)                                                     \
-		__atomic_store_n(&o->slot, wrap_##slot, __ATOMIC_RELEASE);
+		__atomic_store_n(&ops->slot, wrap_##slot, __ATOMIC_RELEASE);
 #include "ibv_hot_ops.def"
 	st_ibv_patch_vctx(c, ctx);
 }
@@ -403,15 +403,15 @@ void st_ibv_qp_ex_patch(struct ibv_qp_ex *qpx)
 			return;
 		}
 	}
-	struct st_ibv_qp_ex_ops *o = q->xops;
+	struct st_ibv_qp_ex_ops *provider_ops = q->xops;
 	xwr_reset(q);
-#define ST_QPX_OP(fn, params, args, note) o->fn = qpx->fn;
-#define ST_QPX_BY_HAND(fn) o->fn = qpx->fn;
+#define ST_QPX_OP(fn, params, args, note) provider_ops->fn = qpx->fn;
+#define ST_QPX_BY_HAND(fn) provider_ops->fn = qpx->fn;
 #include "ibv_qpx_ops.def"
 	__atomic_store_n(&q->qpx, qpx, __ATOMIC_RELEASE);
 	/* in the table's order: wr_start last, it marks the QP as patched */
-#define ST_QPX_OP(fn, params, args, note)                                    \
-	if (o->fn)                                                           \
+#define ST_QPX_OP(fn, params, args, note)                                               \
+	if (provider_ops->fn)                                                           \
 		__atomic_store_n(&qpx->fn, x_##fn, __ATOMIC_RELEASE);
 #define ST_QPX_BY_HAND(fn) ST_QPX_OP(fn, , , )
 #include "ibv_qpx_ops.def"

@@ -238,10 +238,10 @@ static void patch_domain(struct fid_domain *dom, const struct fi_info *info);
 
 /* Endpoint data operations.  Counters need no timestamp (aggregate mode). */
 #define ST_OFI_EP_OP(table, slot, params, args, type, aux, bytes, peer, x3, info_ext)      \
-	static ssize_t ep_##table##_##slot params                                         \
+	static ssize_t ep_##table##_##slot params                                          \
 	{                                                                                  \
 		const struct fi_ops_##table *ops = ORIG(ep->table, struct fi_ops_##table); \
-		struct ofi_obj *owner = OWNER(ep->table);                                 \
+		struct ofi_obj *owner = OWNER(ep->table);                                  \
 		ssize_t ret;                                                               \
 		uint64_t t0 = 0;                                                           \
 		int top = st_enter();                                                      \
@@ -255,10 +255,10 @@ static void patch_domain(struct fid_domain *dom, const struct fi_info *info);
 	}
 
 #define ST_OFI_CQ_READ(slot, params, args)                                     \
-	static ssize_t cq_##slot params                                       \
+	static ssize_t cq_##slot params                                        \
 	{                                                                      \
 		const struct fi_ops_cq *ops = ORIG(cq->ops, struct fi_ops_cq); \
-		struct ofi_obj *owner = OWNER(cq->ops);                       \
+		struct ofi_obj *owner = OWNER(cq->ops);                        \
 		ssize_t ret;                                                   \
 		uint64_t t0 = st_aggregate() ? 0 : st_tsc();                   \
 		int top = st_enter();                                          \
@@ -270,7 +270,7 @@ static void patch_domain(struct fid_domain *dom, const struct fi_info *info);
 	}
 
 #define ST_OFI_MR_REG(slot, params, args, valid, addr, len)                         \
-	static int mr_##slot params                                                \
+	static int mr_##slot params                                                 \
 	{                                                                           \
 		struct fid_domain *domain = (struct fid_domain *)fid;               \
 		const struct fi_ops_mr *ops = ORIG(domain->mr, struct fi_ops_mr);   \
@@ -285,19 +285,19 @@ static void patch_domain(struct fid_domain *dom, const struct fi_info *info);
 
 /* Objects created while a wrapper already runs (a utility provider opening
  * core objects underneath) are not patched: top is 0 there. */
-#define ST_OFI_OPEN(self, slot, params, args, created, patch)                           \
-	static int self##_##slot params                                                \
-	{                                                                               \
+#define ST_OFI_OPEN(self, slot, params, args, created, patch)                            \
+	static int self##_##slot params                                                  \
+	{                                                                                \
 		const struct fi_ops_##self *ops = ORIG(self->ops, struct fi_ops_##self); \
-		int top = st_enter();                                                   \
-		int ret = ops->slot args;                                               \
-		st_leave();                                                             \
-		if (top && ret == 0 && (created)) {                                     \
-			int saved = errno;                                              \
-			patch;                                                          \
-			errno = saved;                                                  \
-		}                                                                       \
-		return ret;                                                             \
+		int top = st_enter();                                                    \
+		int ret = ops->slot args;                                                \
+		st_leave();                                                              \
+		if (top && ret == 0 && (created)) {                                      \
+			int saved = errno;                                               \
+			patch;                                                           \
+			errno = saved;                                                   \
+		}                                                                        \
+		return ret;                                                              \
 	}
 
 #include "ofi_ops.def"
@@ -318,7 +318,7 @@ static void patch_domain(struct fid_domain *dom, const struct fi_info *info);
 			if (copy) {                                                \
 				if (size < sizeof(type))                           \
 					memset((char *)copy + size, 0, sizeof(type) - size);
-#define PATCH_END(slot_ptr)                                   \
+#define PATCH_END(slot_ptr)                                           \
 				st_optable_install((slot_ptr), copy); \
 			}                                             \
 		}                                                     \
@@ -347,14 +347,14 @@ static int ep_control(struct fid *fid, int command, void *arg)
 	const struct fi_ops *ops = ORIG(fid->ops, struct fi_ops);
 	struct ofi_obj *state = OWNER(fid->ops);
 	int top = st_enter();
-	int r = ops->control(fid, command, arg);
+	int ret = ops->control(fid, command, arg);
 	st_leave();
-	if (top && command == FI_ENABLE && r == 0) {
+	if (top && command == FI_ENABLE && ret == 0) {
 		int saved = errno;
 		patch_ep_tables((struct fid_ep *)fid, state); /* fid is the first member */
 		errno = saved;
 	}
-	return r;
+	return ret;
 }
 
 static void patch_ep(struct fid_ep *ep, const struct fi_info *info)
@@ -414,17 +414,17 @@ static int av_insert(struct fid_av *av, const void *addr, size_t count, fi_addr_
 	const struct fi_ops_av *ops = ORIG(av->ops, struct fi_ops_av);
 	struct ofi_obj *state = OWNER(av->ops);
 	int top = st_enter();
-	int r = ops->insert(av, addr, count, fi_addr, flags, ctx);
+	int ret = ops->insert(av, addr, count, fi_addr, flags, ctx);
 	st_leave();
 	if (!top)
-		return r;
+		return ret;
 	int saved = errno;
 	char buf[8192];
 	struct st_json j;
 	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "av", state->id);
 	st_json_uint(&j, "count", count);
-	st_json_int(&j, "ret", r);
+	st_json_int(&j, "ret", ret);
 	st_json_uint(&j, "addr_format", state->addr_format);
 	size_t shown = count < 64 ? count : 64;
 	st_json_open(&j, "addrs", '[');
@@ -432,14 +432,14 @@ static int av_insert(struct fid_av *av, const void *addr, size_t count, fi_addr_
 		st_json_sockaddr(&j, NULL, (const char *)addr + i * state->addrlen, state->addrlen);
 	st_json_close(&j, ']');
 	st_json_open(&j, "fi_addrs", '[');
-	for (size_t i = 0; fi_addr && r > 0 && i < shown && i < (size_t)r; i++)
+	for (size_t i = 0; fi_addr && ret > 0 && i < shown && i < (size_t)ret; i++)
 		st_json_uint(&j, NULL, fi_addr[i]);
 	st_json_close(&j, ']');
 	st_json_close(&j, '}');
 	uint64_t sid = j.overflow ? 0 : st_side_json(buf, j.len);
-	st_ev(ST_EV_OFI_AV_INSERT, (uint16_t)(r > 0 ? (r > 0xffff ? 0xffff : r) : 0), state->id, sid);
+	st_ev(ST_EV_OFI_AV_INSERT, (uint16_t)(ret > 0 ? (ret > 0xffff ? 0xffff : ret) : 0), state->id, sid);
 	errno = saved;
-	return r;
+	return ret;
 }
 
 static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av, void *ctx)
@@ -447,9 +447,9 @@ static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr, st
 	const struct fi_ops_domain *ops = ORIG(domain->ops, struct fi_ops_domain);
 	struct ofi_obj *domain_state = OWNER(domain->ops);
 	int top = st_enter();
-	int r = ops->av_open(domain, attr, av, ctx);
+	int ret = ops->av_open(domain, attr, av, ctx);
 	st_leave();
-	if (top && r == 0 && *av) {
+	if (top && ret == 0 && *av) {
 		int saved = errno;
 		struct ofi_obj *state = obj_new();
 		if (state) {
@@ -459,7 +459,7 @@ static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr, st
 		}
 		errno = saved;
 	}
-	return r;
+	return ret;
 }
 
 static void patch_domain(struct fid_domain *dom, const struct fi_info *info)
@@ -490,9 +490,9 @@ ST_EXPORT int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
 	if (!st_provider_on(ST_PROV_OFI) || st_tls_depth)
 		return real_fi_fabric(attr, fabric, context);
 	int top = st_enter();
-	int r = real_fi_fabric(attr, fabric, context);
+	int ret = real_fi_fabric(attr, fabric, context);
 	st_leave();
-	if (top && r == 0 && *fabric) {
+	if (top && ret == 0 && *fabric) {
 		int saved = errno;
 		struct ofi_obj *state = obj_new();
 		if (state) {
@@ -509,7 +509,7 @@ ST_EXPORT int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
 		}
 		errno = saved;
 	}
-	return r;
+	return ret;
 }
 
 static const struct st_hook ofi_hooks[] = {

@@ -213,18 +213,18 @@ static void ep_created(ucs_status_t ret, ucp_worker_h worker, const ucp_ep_param
 }
 
 /* ---- the generated shims (rows ST_UCX_SHIM) ------------------------------------------ */
-#define ST_UCX_SHIM(ret_type, name, params, args, record)                        \
-	ST_EXPORT ret_type name params                                          \
-	{                                                                       \
-		__typeof__(real_##name) real = R(name);                         \
-		if (!ON())                                                      \
-			return real args;                                       \
+#define ST_UCX_SHIM(ret_type, name, params, args, record)                            \
+	ST_EXPORT ret_type name params                                               \
+	{                                                                            \
+		__typeof__(real_##name) real = R(name);                              \
+		if (!ON())                                                           \
+			return real args;                                            \
 		uint64_t t0 __attribute__((unused)) = st_aggregate() ? 0 : st_tsc(); \
-		st_enter();                                                     \
-		ret_type ret = real args;                                       \
-		st_leave();                                                     \
-		record;                                                         \
-		return ret;                                                     \
+		st_enter();                                                          \
+		ret_type ret = real args;                                            \
+		st_leave();                                                          \
+		record;                                                              \
+		return ret;                                                          \
 	}
 #define ST_UCX_SHIM_BY_HAND(name)
 #include "ucx_shims.def"
