@@ -63,13 +63,9 @@ static uint32_t gnu_hash(const char *s)
 	return h;
 }
 
-/* One loaded object (load base, dynamic section): the symbol's address in lk->result. */
-static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *lk)
+/* One loaded object (load base, dynamic section): the symbol's address in want->result. */
+static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *want)
 {
-	struct {
-		ElfW(Addr) dlpi_addr;
-	} info_, *info = &info_;
-	info_.dlpi_addr = base;
 	if (!dyn)
 		return 0;
 	ElfW(Addr) symtab = 0, strtab = 0, gnuhash = 0, hash = 0, versym = 0;
@@ -83,7 +79,7 @@ static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *lk)
 		}
 	}
 	/* the dynamic linker relocates these in place on most targets, not all */
-#define FIX(p) ((p) && (p) < info->dlpi_addr ? (p) + info->dlpi_addr : (p))
+#define FIX(p) ((p) && (p) < base ? (p) + base : (p))
 	symtab = FIX(symtab);
 	strtab = FIX(strtab);
 	gnuhash = FIX(gnuhash);
@@ -94,19 +90,19 @@ static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *lk)
 		return 0;
 	const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
 	const char *strs = (const char *)strtab;
-	const ElfW(Half) *vs = (const ElfW(Half) *)versym;
+	const ElfW(Half) *versions = (const ElfW(Half) *)versym;
 	void *hidden_match = NULL;
 
 #define CONSIDER(idx)                                                                          \
 	do {                                                                                   \
-		const ElfW(Sym) *s_ = &syms[idx];                                              \
-		if (s_->st_value && s_->st_shndx != SHN_UNDEF &&                                \
-		    ELF64_ST_TYPE(s_->st_info) == STT_FUNC && same_name(strs + s_->st_name, lk->sym)) { \
-			void *addr_ = (void *)(info->dlpi_addr + s_->st_value);                  \
-			if (vs && (vs[idx] & 0x8000))                                          \
+		const ElfW(Sym) *sym_ = &syms[idx];                                              \
+		if (sym_->st_value && sym_->st_shndx != SHN_UNDEF &&                                \
+		    ELF64_ST_TYPE(sym_->st_info) == STT_FUNC && same_name(strs + sym_->st_name, want->sym)) { \
+			void *addr_ = (void *)(base + sym_->st_value);                  \
+			if (versions && (versions[idx] & 0x8000))                                          \
 				hidden_match = addr_;                                          \
 			else {                                                                 \
-				lk->result = addr_;                                            \
+				want->result = addr_;                                            \
 				return 1;                                                      \
 			}                                                                      \
 		}                                                                              \
@@ -118,7 +114,7 @@ static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *lk)
 		const ElfW(Addr) *bloom = (const ElfW(Addr) *)&h[4];
 		const uint32_t *buckets = (const uint32_t *)&bloom[bloom_size];
 		const uint32_t *chain = &buckets[nbuckets];
-		uint32_t hv = gnu_hash(lk->sym);
+		uint32_t hv = gnu_hash(want->sym);
 		uint32_t idx = nbuckets ? buckets[hv % nbuckets] : 0;
 		if (idx >= symoffset) {
 			for (;;) {
@@ -138,7 +134,7 @@ static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *lk)
 	}
 #undef CONSIDER
 	if (hidden_match) {
-		lk->result = hidden_match;
+		want->result = hidden_match;
 		return 1;
 	}
 	return 0;
@@ -153,10 +149,10 @@ static void *libc_symbol(const char *sym)
 {
 	static const char *const libs[] = {"libc.so", "libdl.so"};
 	for (unsigned i = 0; i < 2; i++) {
-		struct lookup lk = {libs[i], sym, NULL};
+		struct lookup want = {libs[i], sym, NULL};
 		for (struct link_map *m = _r_debug.r_map; m; m = m->l_next)
-			if (m->l_name && contains(m->l_name, lk.lib) && lookup_in(m->l_ld, m->l_addr, &lk))
-				return lk.result;
+			if (m->l_name && contains(m->l_name, want.lib) && lookup_in(m->l_ld, m->l_addr, &want))
+				return want.result;
 	}
 	return NULL;
 }
@@ -197,34 +193,30 @@ static void *inject(const struct st_hook *h, void *real)
 	return h->wrapper;
 }
 
+/* The body of both exports.  A hooked name is looked up from here, so its
+ * RTLD_NEXT means "after sigmatrace", the traced library; any other name
+ * ends in a tail call, which keeps the caller's return address and so the
+ * caller's RTLD_NEXT. */
+#define LOOKUP(real, ...)                                              \
+	if (unlikely(!(real)))                                         \
+		bootstrap();                                           \
+	if (name && !in_dlsym && st_cfg.enabled) {                     \
+		const struct st_hook *hook = st_hook_find(name);       \
+		if (hook && st_provider_on(hook->provider)) {          \
+			in_dlsym = 1;                                  \
+			void *found = (real)(__VA_ARGS__);             \
+			in_dlsym = 0;                                  \
+			return inject(hook, found);                    \
+		}                                                      \
+	}                                                              \
+	return (real)(__VA_ARGS__)
+
 ST_EXPORT void *dlsym(void *handle, const char *name)
 {
-	if (unlikely(!real_dlsym_p))
-		bootstrap();
-	if (name && !in_dlsym && st_cfg.enabled) {
-		const struct st_hook *h = st_hook_find(name);
-		if (h && st_provider_on(h->provider)) {
-			in_dlsym = 1;
-			void *r = real_dlsym_p(handle, name);
-			in_dlsym = 0;
-			return inject(h, r);
-		}
-	}
-	return real_dlsym_p(handle, name); /* tail call: keeps RTLD_NEXT relative to the caller */
+	LOOKUP(real_dlsym_p, handle, name);
 }
 
 ST_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
 {
-	if (unlikely(!real_dlvsym_p))
-		bootstrap();
-	if (name && !in_dlsym && st_cfg.enabled) {
-		const struct st_hook *h = st_hook_find(name);
-		if (h && st_provider_on(h->provider)) {
-			in_dlsym = 1;
-			void *r = real_dlvsym_p(handle, name, version);
-			in_dlsym = 0;
-			return inject(h, r);
-		}
-	}
-	return real_dlvsym_p(handle, name, version);
+	LOOKUP(real_dlvsym_p, handle, name, version);
 }
