@@ -20,6 +20,13 @@
  *       ibv_modify_qp); mlx5dv_init_obj gives the SQ ring, the doorbell record,
  *       the BlueFlame register and the CQ ring, and the client writes WQEs,
  *       rings and polls CQEs itself (no ibv_post_send / ibv_poll_cq).
+ *   --bf-alternate[=GAP_US]
+ *       ring the two BlueFlame halves in turn, reg and reg ^ 0x100, one
+ *       doorbell each, as rdma-core and UCX rc_mlx5 do on every post; with
+ *       GAP_US, pause that long after every doorbell on reg itself, so that
+ *       each following pair (reg ^ 0x100, then reg) is rung back to back:
+ *       a poller that wakes after both sees the newer value in reg, which it
+ *       scans first, and the older one in its twin.
  *
  * Ground truth on stdout: one "DB qpn=0x.. pi=.. nwqe=.. first_idx=.." line per
  * doorbell; "RESULT OK ..." or "RESULT FAIL ..." at the end (exit 0 / 1;
@@ -42,6 +49,7 @@
 #define CHUNK 1024
 
 static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose, g_verbs;
+static int g_bfalt = -1; /* --bf-alternate: pause (us) after each doorbell on reg itself; -1: off */
 
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
 #define CHECK(c, ...) do { if (!(c)) DIE(2, __VA_ARGS__); } while (0)
@@ -303,10 +311,13 @@ static void ring(struct ep *e, uint32_t first_idx, uint32_t nwqe, uint16_t last_
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	__atomic_store_n((uint32_t *)(e->qp_dbr + 4), ibgda_dbr_value(e->pi), __ATOMIC_RELEASE);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	__atomic_store_n((uint64_t *)(g_verbs ? e->bf_reg : e->uar->reg_addr), ibgda_db_value(e->pi, e->qpn),
-			 __ATOMIC_RELEASE);
+	uintptr_t reg = (uintptr_t)(g_verbs ? e->bf_reg : e->uar->reg_addr);
+	int twin = g_bfalt >= 0 && (e->ndb & 1); /* rdma-core / UCX: bf->offset ^= bf->buf_size on every post */
+	__atomic_store_n((uint64_t *)(twin ? reg ^ 0x100 : reg), ibgda_db_value(e->pi, e->qpn), __ATOMIC_RELEASE);
 	printf("DB qpn=0x%x pi=%u nwqe=%u first_idx=%u\n", e->qpn, e->pi & 0xffff, nwqe, first_idx & 0xffff);
 	e->ndb++;
+	if (g_bfalt > 0 && !twin)
+		usleep((useconds_t)g_bfalt);
 	struct pending *p = &g_pend[g_pend_t++ % 4096];
 	p->last_idx = last_idx;
 	p->next_pi = e->pi;
@@ -524,7 +535,7 @@ int main(int argc, char **argv)
 		{ "pair", no_argument, 0, 'P' }, { "rank", required_argument, 0, 'r' }, { "dir", required_argument, 0, 'd' },
 		{ "cc", no_argument, 0, 'c' }, { "depth", required_argument, 0, 'D' }, { "ops", required_argument, 0, 'n' },
 		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' },
-		{ "verbs-qp", no_argument, 0, 'V' }, { 0, 0, 0, 0 },
+		{ "verbs-qp", no_argument, 0, 'V' }, { "bf-alternate", optional_argument, 0, 'A' }, { 0, 0, 0, 0 },
 	};
 	int ch;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -538,6 +549,7 @@ int main(int argc, char **argv)
 		case 'b': g_batch = atoi(optarg); break;
 		case 'v': g_verbose = 1; break;
 		case 'V': g_verbs = 1; break;
+		case 'A': g_bfalt = optarg ? atoi(optarg) : 0; break;
 		default: fprintf(stderr, "usage: see source\n"); return 2;
 		}
 	}

@@ -120,6 +120,10 @@ struct qpstate {
 	uint32_t npend;       /* copied ranges of this QP not parsed yet */
 	uint32_t pend_oldest; /* producer counter of the oldest of them */
 	uint64_t guard_waits; /* guarded mode: doorbells held until the copies landed */
+	int known;            /* a QP record was found: log_sq is its ring size */
+	int rung;             /* pi and word hold the last doorbell forwarded */
+	int word;             /* where that came from (watched offset | 0x100 for the GPU proxy) */
+	uint64_t stale;       /* older doorbells seen after a newer one of another word (not forwarded) */
 };
 
 struct pend { /* one doorbell's copied range, waiting for its batch */
@@ -165,7 +169,7 @@ struct page {
 	uint32_t pend_head, pend_tail;   /* ring indexes (mod MAX_PEND) */
 	uint32_t batch_open, batch_done; /* batches: open id, completed up to */
 	uint32_t batch_wqebb;            /* WQEBBs in the open batch */
-	uint64_t unknown_qp, copies, sync_waits, guard_waits;
+	uint64_t unknown_qp, copies, sync_waits, guard_waits, stale;
 	uint64_t fwd_ns_sum;
 	/* CPU doorbells (F24d): proxy is the page the application's reg_addr
 	 * points into since mlx5dv_devx_alloc_uar; the GPU, if it asks for a

@@ -46,16 +46,55 @@ static inline uint32_t guard_wqebb(const struct qpstate *s)
 	return g ? g : 1;
 }
 
-/* A new doorbell value v at watched offset k. */
-static void on_doorbell(struct page *pg, int k, uint64_t v)
+/* The producer index (mod 2^16) and QPN a doorbell value announces. */
+static void db_decode(uint64_t v, uint16_t *pi16, uint32_t *qpn)
 {
-	uint64_t t_obs = st_tsc();
 	uint8_t b[8];
 	memcpy(b, &v, 8);
-	uint16_t pi16 = (uint16_t)((b[1] << 8) | b[2]); /* ref §3.3: bytes 1-2 */
+	uint16_t pi = (uint16_t)((b[1] << 8) | b[2]); /* ref §3.3: bytes 1-2 */
 	if (b[7] & 0x3f) /* rdma-core convention: last WQE's ctrl, PI = index + WQEBBs(DS) */
-		pi16 = (uint16_t)(pi16 + ((b[7] & 0x3f) * 16 + 63) / 64);
-	uint32_t qpn = ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 8) | b[6];
+		pi = (uint16_t)(pi + ((b[7] & 0x3f) * 16 + 63) / 64);
+	*pi16 = pi;
+	*qpn = ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 8) | b[6];
+}
+
+/* One QP's doorbells in the order they were rung (finding 1).  A QP that
+ * alternates the BlueFlame halves (rdma-core, UCX rc_mlx5: reg, reg ^ 0x100,
+ * reg, ...) can ring both between two scans; the scan reads the words in a
+ * fixed order and may then see the newer value first and the older one
+ * after it.  The older one must not reach the NIC after the newer one (its
+ * last doorbell would be stale, and the 16-bit producer index would appear
+ * to wrap by ~65k WQEBBs).  An older value can only come from another word
+ * than the QP's last doorbell (the same word holds the newest value rung
+ * there), so: a value from another word whose producer index lies behind the
+ * last one forwarded -- by at most the ring size, or half the 16-bit space
+ * when the QP's ring is unknown -- was overtaken and is dropped (counted in
+ * the summary as stale_doorbells).  Returns 1 for such a value; else notes
+ * the word and returns 0.  A writer that rings one word only is never
+ * filtered. */
+static int overtaken(struct qpstate *s, int word, uint16_t pi16)
+{
+	if (s->rung && word != s->word) {
+		uint16_t behind = (uint16_t)((uint16_t)s->pi - pi16);
+		uint32_t win = s->known ? (1u << s->log_sq) : 0x7fffu;
+		if (behind && behind <= win) {
+			s->stale++;
+			return 1;
+		}
+	}
+	s->rung = 1;
+	s->word = word;
+	return 0;
+}
+
+/* A new doorbell value v at watched offset k of the CPU proxy (src 0) or of
+ * the GPU proxy (src 1). */
+static void on_doorbell(struct page *pg, int k, int src, uint64_t v)
+{
+	uint64_t t_obs = st_tsc();
+	uint16_t pi16;
+	uint32_t qpn;
+	db_decode(v, &pi16, &qpn);
 	volatile uint64_t *real = (volatile uint64_t *)(pg->page + pg->offs[k]);
 	/* a GPU write is seen only after its device pointer was handed out, i.e.
 	 * after the attach request was posted: take it before anything else */
@@ -64,14 +103,20 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 	if (!pg->installed)
 		poller_install(pg);
 	int mode = hijack_cfg.mode;
-	struct qpstate *s = mode == HIJACK_FORWARD ? NULL : hijack_page_qp(pg, qpn);
+	struct qpstate *s = hijack_page_qp(pg, qpn); /* every mode: the order of its doorbells */
+	if (s && overtaken(s, k | (src << 8), pi16)) {
+		pg->stale++;
+		return;
+	}
 	uint32_t delta = 0, first = 0;
 	int recover = 0;
 	if (s) {
 		s->doorbells++;
 		delta = (uint16_t)(pi16 - (uint16_t)s->pi);
 		first = s->pi;
-		if (s->have_sq && delta) {
+		if (mode == HIJACK_FORWARD)
+			; /* no recovery: the producer index only */
+		else if (s->have_sq && delta) {
 			if (delta > (1u << s->log_sq)) {
 				st_ev_ext(ST_EV_DB_WQE_LOST, (uint16_t)first, qpn, delta, 0, 0, ST_WQE_LOST_CORRUPT, 0);
 				s->wqebb_lost += delta;
@@ -201,13 +246,13 @@ static void poller_install(struct page *pg)
 
 static int scan_words(struct page *pg, const uint8_t *base, uint64_t *last)
 {
-	int n = 0;
+	int n = 0, src = base != pg->proxy;
 	int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE); /* grows when a verbs QP shares the page */
 	for (int k = 0; k < noffs; k++) {
 		uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
 		if (v != last[k]) {
 			last[k] = v;
-			on_doorbell(pg, k, v);
+			on_doorbell(pg, k, src, v);
 			n++;
 		}
 	}
@@ -271,8 +316,17 @@ static void forward_only(struct page *pg)
 				uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
 				if (v != last[k]) {
 					last[k] = v;
-					forward_doorbell((volatile uint64_t *)(pg->page + pg->offs[k]), v);
 					n++;
+					/* in the QP's order, as on_doorbell (nothing recorded) */
+					uint16_t pi16;
+					uint32_t qpn;
+					db_decode(v, &pi16, &qpn);
+					struct qpstate *s = hijack_page_qp(pg, qpn);
+					if (s && overtaken(s, k | (src << 8), pi16))
+						continue;
+					if (s)
+						s->pi += (uint16_t)(pi16 - (uint16_t)s->pi);
+					forward_doorbell((volatile uint64_t *)(pg->page + pg->offs[k]), v);
 				}
 			}
 		}
@@ -391,6 +445,7 @@ void *hijack_poller(void *arg)
 		st_json_uint(&j, "copies", pg->copies);
 		st_json_uint(&j, "sync_waits", pg->sync_waits);
 		st_json_uint(&j, "guard_waits", pg->guard_waits);
+		st_json_uint(&j, "stale_doorbells", pg->stale);
 		if (pg->cpuproxy)
 			st_json_bool(&j, "cpu_doorbells", 1);
 		st_json_close(&j, '}');

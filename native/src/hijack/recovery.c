@@ -18,6 +18,7 @@ static void qpstate_load(struct qpstate *s, const struct qp_rec *q)
 	pthread_mutex_lock(&hijack_lock);
 	s->gen = q->gen;
 	s->log_sq = q->log_sq;
+	s->known = 1;
 	s->have_sq = hijack_qp_sq(q, &s->sq, &s->gpu) == 0;
 	pthread_mutex_unlock(&hijack_lock);
 }
@@ -31,6 +32,7 @@ struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn)
 			if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE) && q->gen != s->gen) {
 				/* QP recreated with the same number: start over */
 				s->pi = 0;
+				s->rung = 0;
 				qpstate_load(s, q);
 			} else if (s->have_sq && (!q || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE))) {
 				s->have_sq = 0; /* forgotten (QP destroyed): its SQ may be freed */
