@@ -362,3 +362,28 @@ def test_bf_halves_alternating_forwarded_in_order(tmp_path, verbs):
     assert not set(losses["kind"]) & {"wqe_lost", "doorbell_unrecovered"}, list(zip(losses["kind"], losses["detail"]))
     print(f"\n[bf-alternate {'verbs' if verbs else 'devx'}] rung={len(pis)} recorded={len(rec)} "
           f"stale={sums[0]['stale_doorbells']}")
+
+
+def test_pollers_take_none_of_the_programs_signals(tmp_path):
+    """Poller threads start with every signal blocked, as the writer thread does.  The client allocates its UARs
+    (one poller each when traced), then its main thread blocks SIGUSR1, a thread waits for it with sigwait and the
+    process sends itself one: only that thread may take it.  A poller that inherited the main thread's mask from
+    before the block would be the one thread with SIGUSR1 open, and the signal's default action would kill the
+    process.  Traced must behave as untraced."""
+    if IBGDA_CLIENT is None or TRACER is None:
+        pytest.skip("emu_ibgda_client / libsigmatrace.so not built (cmake --build build/dev)")
+    got = {}
+    for traced in (False, True):
+        fab = new_fabric()
+        out = tmp_path / f"trace{int(traced)}"
+        out.mkdir()
+        extra = dict(LD_PRELOAD=str(TRACER), SIGMATRACE_OUTPUT_DIR=str(out)) if traced else {}
+        try:
+            p = subprocess.run([str(IBGDA_CLIENT), "--pair", "--sigwait", "--ops", "20"], env=emu_env(fab, 0x53, **extra),
+                               capture_output=True, text=True, timeout=60)
+        finally:
+            cleanup_fabric(fab)
+        got[traced] = (p.returncode, "SIGWAIT OK" in p.stdout, "RESULT OK" in p.stdout)
+    assert got[True] == got[False] == (0, True, True), got
+    cap = read_capture(sorted(glob.glob(str(tmp_path / "trace1" / "*.trace"))))
+    assert cap.count_by_type()["MLX5_DEVX_ALLOC_UAR"] == 4 and "DB_HIJACK_INSTALL" in cap.count_by_type()

@@ -27,6 +27,11 @@
  *       each following pair (reg ^ 0x100, then reg) is rung back to back:
  *       a poller that wakes after both sees the newer value in reg, which it
  *       scans first, and the older one in its twin.
+ *   --sigwait
+ *       after the set-up (every UAR allocated), the main thread blocks
+ *       SIGUSR1, a thread waits for it with sigwait, and the process sends
+ *       itself one (kill(getpid())): it must reach that thread ("SIGWAIT OK"),
+ *       whatever threads a tracer started during the set-up.
  *
  * Ground truth on stdout: one "DB qpn=0x.. pi=.. nwqe=.. first_idx=.." line per
  * doorbell; "RESULT OK ..." or "RESULT FAIL ..." at the end (exit 0 / 1;
@@ -34,6 +39,8 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +56,7 @@
 #define CHUNK 1024
 
 static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose, g_verbs;
+static int g_sigwait;
 static int g_bfalt = -1; /* --bf-alternate: pause (us) after each doorbell on reg itself; -1: off */
 
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
@@ -515,6 +523,31 @@ static int verify_target(struct ep *e)
 	return fails;
 }
 
+/* ---- --sigwait: a process-directed signal reaches the thread that waits for it */
+static void *sigwait_main(void *arg)
+{
+	sigset_t *set = arg;
+	int sig = 0;
+	if (sigwait(set, &sig) == 0 && sig == SIGUSR1)
+		return (void *)1;
+	return NULL;
+}
+
+static void sigwait_check(void)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGUSR1);
+	CHECK(!pthread_sigmask(SIG_BLOCK, &set, NULL), "pthread_sigmask");
+	pthread_t t;
+	CHECK(!pthread_create(&t, NULL, sigwait_main, &set), "pthread_create");
+	CHECK(!kill(getpid(), SIGUSR1), "kill");
+	void *got = NULL;
+	CHECK(!pthread_join(t, &got), "pthread_join");
+	CHECK(got, "sigwait did not get SIGUSR1");
+	printf("SIGWAIT OK\n");
+}
+
 /* ---- file exchange --------------------------------------------------------- */
 static void put_file(const char *dir, const char *name, const char *text)
 {
@@ -535,7 +568,8 @@ int main(int argc, char **argv)
 		{ "pair", no_argument, 0, 'P' }, { "rank", required_argument, 0, 'r' }, { "dir", required_argument, 0, 'd' },
 		{ "cc", no_argument, 0, 'c' }, { "depth", required_argument, 0, 'D' }, { "ops", required_argument, 0, 'n' },
 		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' },
-		{ "verbs-qp", no_argument, 0, 'V' }, { "bf-alternate", optional_argument, 0, 'A' }, { 0, 0, 0, 0 },
+		{ "verbs-qp", no_argument, 0, 'V' }, { "bf-alternate", optional_argument, 0, 'A' },
+		{ "sigwait", no_argument, 0, 'S' }, { 0, 0, 0, 0 },
 	};
 	int ch;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -549,6 +583,7 @@ int main(int argc, char **argv)
 		case 'b': g_batch = atoi(optarg); break;
 		case 'v': g_verbose = 1; break;
 		case 'V': g_verbs = 1; break;
+		case 'S': g_sigwait = 1; break;
 		case 'A': g_bfalt = optarg ? atoi(optarg) : 0; break;
 		default: fprintf(stderr, "usage: see source\n"); return 2;
 		}
@@ -574,6 +609,8 @@ int main(int argc, char **argv)
 		struct ep a, b;
 		ep_setup(&a, ctx);
 		ep_setup(&b, ctx);
+		if (g_sigwait)
+			sigwait_check();
 		fill_target(&b, 77);
 		struct peer_info pa = { a.lid, a.qpn, a.mr->rkey, (uint64_t)(uintptr_t)a.buf };
 		struct peer_info pb = { b.lid, b.qpn, b.mr->rkey, (uint64_t)(uintptr_t)b.buf };

@@ -145,7 +145,7 @@ static void *cpu_page_new(uintptr_t pgaddr, uint16_t off, uint32_t page_id, void
 	pg->cpu = -1;
 	pg->live = 1;
 	hijack_hook_exit();
-	if (pthread_create(&pg->thr, NULL, hijack_poller, pg) != 0) {
+	if (hijack_start_poller(pg) != 0) {
 		pg->live = 0;
 		munmap(pg->proxy, PAGE_SZ);
 		pg->proxy = NULL;

@@ -215,6 +215,8 @@ void hijack_poller_teardown_cuda(struct page *pg) ST_HIDDEN;
 
 /* ---- the poller thread (poller.c) ----------------------------------------- */
 void *hijack_poller(void *arg) ST_HIDDEN;
+/* pthread_create(pg->thr, hijack_poller) with every signal blocked in the new thread; 0 on success. */
+int hijack_start_poller(struct page *pg) ST_HIDDEN;
 /* The core of SIGMATRACE_POLLER_CPUS for the next poller (round robin), -1: none. */
 int hijack_next_poller_cpu(void) ST_HIDDEN;
 

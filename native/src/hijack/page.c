@@ -370,7 +370,7 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 	pg->cpu = hijack_next_poller_cpu();
 	pg->live = 1;
 	hijack_hook_exit();
-	if (pthread_create(&pg->thr, NULL, hijack_poller, pg) == 0)
+	if (hijack_start_poller(pg) == 0)
 		pg->thr_started = 1;
 	else {
 		pg->live = 0;

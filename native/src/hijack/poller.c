@@ -8,6 +8,7 @@
  */
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -343,6 +344,21 @@ static void forward_only(struct page *pg)
 		struct timespec ts = {0, 50000};
 		nanosleep(&ts, NULL);
 	}
+}
+
+/* Start pg's poller thread with every signal blocked (finding 6): a thread
+ * inherits its creator's mask, and a poller that could take a signal would
+ * change where the program's process-directed signals go (a sigwait thread
+ * of the program would miss them; their default action would run, or their
+ * handler on a tracer thread).  As the core's writer thread.  0 on success. */
+int hijack_start_poller(struct page *pg)
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int rc = pthread_create(&pg->thr, NULL, hijack_poller, pg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return rc;
 }
 
 void *hijack_poller(void *arg)
