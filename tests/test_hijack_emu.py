@@ -340,3 +340,15 @@ def test_unused_uars_take_no_poller_core(tmp_path):
     t = cap.table("DB_HIJACK_INSTALL")
     cpus = sorted(cap.side_record(int(t["process"][i]), int(t["side_id"][i])).json()["cpu"] for i in range(len(t["tsc"])))
     assert cpus == [0, 1], cpus
+
+
+def test_idle_monitor_wait_rechecks_after_arming():
+    """UMWAIT / MWAITX end only on a write after the monitor is armed: the poller's idle wait (hijack/arch.h
+    monitor_wait) arms, reads the word again and waits only if nothing was rung since its last scan.  Checked with
+    fake instructions (native/tests/hijack_wait_test.c): this VM, like most, hides WAITPKG and MONITORX."""
+    exe = next((d / "tests" / "hijack_wait_test" for d in _native.candidate_dirs()
+                if (d / "tests" / "hijack_wait_test").exists()), None)
+    if exe is None:
+        pytest.skip("native build missing hijack_wait_test (cmake -S native -B build/dev && cmake --build build/dev)")
+    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and "WAIT TEST OK" in p.stdout, p.stdout + p.stderr

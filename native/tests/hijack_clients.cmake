@@ -20,3 +20,13 @@ if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda/emucuda.c AND TARGET st_emu_cuda
     BUILD_RPATH "" SKIP_BUILD_RPATH ON)
   install(TARGETS hijack_fork RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
 endif()
+
+# The order of the poller's monitor/wait idle wait (hijack/arch.h), with fakes.
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64|aarch64|arm64")
+  add_executable(hijack_wait_test ${CMAKE_CURRENT_LIST_DIR}/hijack_wait_test.c)
+  target_include_directories(hijack_wait_test PRIVATE ${ST_INCLUDE_DIR} ${CMAKE_CURRENT_LIST_DIR}/../src)
+  set_target_properties(hijack_wait_test PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+    BUILD_RPATH "" SKIP_BUILD_RPATH ON)
+  install(TARGETS hijack_wait_test RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
+endif()

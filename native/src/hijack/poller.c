@@ -17,6 +17,14 @@
 #include "arch.h"
 #include "hijack_private.h"
 
+#if defined(__x86_64__)
+static void umon(const volatile void *a) { arm_umonitor(a); }
+static void umw(uint64_t t) { wait_umwait(t); }
+static void mon(const volatile void *a) { arm_monitorx(a); }
+static void mw(uint64_t t) { wait_mwaitx(t); }
+static const struct monitor_ops umwait_ops = {umon, umw}, mwaitx_ops = {mon, mw};
+#endif
+
 static void poller_sync(struct page *pg);
 static void poller_install(struct page *pg);
 
@@ -422,12 +430,9 @@ void *hijack_poller(void *arg)
 		if (hijack_cfg.spin_us < 0 ? in_use : now - idle_since < (uint64_t)hijack_cfg.spin_us * 1000)
 			continue;
 #if defined(__x86_64__)
-		if (hijack_cfg.wait_kind == 1 && pg->noffs == 1 && !pg->cpuproxy) {
-			wait_umwait(pg->proxy + pg->offs[0], 200000);
-			continue;
-		}
-		if (hijack_cfg.wait_kind == 2 && pg->noffs == 1 && !pg->cpuproxy) {
-			wait_mwaitx(pg->proxy + pg->offs[0], 200000);
+		if ((hijack_cfg.wait_kind == 1 || hijack_cfg.wait_kind == 2) && pg->noffs == 1 && !pg->cpuproxy) {
+			monitor_wait(hijack_cfg.wait_kind == 1 ? &umwait_ops : &mwaitx_ops,
+				     (const volatile uint64_t *)(pg->proxy + pg->offs[0]), pg->last[0], 200000);
 			continue;
 		}
 #endif
