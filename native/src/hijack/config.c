@@ -3,6 +3,7 @@
  * probes that choose how an idle poller waits (umwait, mwaitx or spinning
  * with back-off).  See docs/hijack.md for the variables.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +16,13 @@ struct hijack_config hijack_cfg;
 
 static int has_waitpkg(void), has_monitorx(void);
 
-void hijack_cfg_load(void)
+/* Once per process (pthread_once): the first callers of the hijack's entry
+ * points may be several application threads at once, and two loads would
+ * each append SIGMATRACE_POLLER_CPUS to the list (and race on every field). */
+static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
+
+static void cfg_load_once(void)
 {
-	if (hijack_cfg.loaded)
-		return;
 	hijack_cfg.mode = HIJACK_GUARDED;
 	const char *v = getenv("SIGMATRACE_HIJACK_MODE");
 	if (v && *v) {
@@ -73,6 +77,11 @@ void hijack_cfg_load(void)
 	if (v && !strcmp(v, "spin"))
 		hijack_cfg.wait_kind = 0;
 	hijack_cfg.loaded = 1;
+}
+
+void hijack_cfg_load(void)
+{
+	pthread_once(&cfg_once, cfg_load_once);
 }
 
 /* ---- CPU features --------------------------------------------------------- */
