@@ -170,10 +170,12 @@ void st_hijack_on_unregister(void *p)
 	pthread_mutex_lock(&hijack_lock);
 	for (int i = 0; i < MAX_REGS; i++)
 		if (hijack_regs[i].live && hijack_regs[i].p == (uintptr_t)p) {
+			/* the range, copied: stopping a page drops the lock, and a
+			 * concurrent registration may take the freed slot meanwhile */
+			uintptr_t lo = hijack_regs[i].p, hi = lo + hijack_regs[i].size;
 			hijack_regs[i].live = 0;
 			for (int k = 0; k < MAX_PAGES; k++)
-				if (hijack_pages[k].live && hijack_pages[k].page + PAGE_SZ > hijack_regs[i].p &&
-				    hijack_pages[k].page < hijack_regs[i].p + hijack_regs[i].size) {
+				if (hijack_pages[k].live && hijack_pages[k].page + PAGE_SZ > lo && hijack_pages[k].page < hi) {
 					if (hijack_pages[k].cpuproxy)
 						gpu_detach(&hijack_pages[k]); /* the CPU may still ring */
 					else
