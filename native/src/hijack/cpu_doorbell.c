@@ -169,7 +169,7 @@ static void *cpu_proxy_failed_for(const char *what, uint32_t id)
 	return NULL;
 }
 
-ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
+void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
 {
 	(void)base_addr;
 	(void)flags; /* every type: a BlueFlame write arrives as its first 8 bytes, see docs/hijack.md */
@@ -196,7 +196,7 @@ ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page
  * ibv_close_device), but never a register word: a polled word that two QPs
  * ring could lose one QP's doorbell (the later value hides the earlier), so
  * a second QP on a word another QP owns keeps the real register. */
-ST_EXPORT void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
+void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
 {
 	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
 	uint16_t off = (uint16_t)(reg & (PAGE_SZ - 1));
@@ -224,7 +224,7 @@ ST_EXPORT void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
 
 /* ibv_close_device: the context's UAR pages go away with it; stop the pollers
  * of the proxies handed out for its verbs QPs first (a last forward each). */
-ST_EXPORT void st_hijack_cpu_release_ctx(void *ctx)
+void st_hijack_cpu_release_ctx(void *ctx)
 {
 	if (!ctx || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
 		return;
@@ -241,7 +241,7 @@ ST_EXPORT void st_hijack_cpu_release_ctx(void *ctx)
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-ST_EXPORT void *st_hijack_cpu_uar_release(void *app_reg)
+void *st_hijack_cpu_uar_release(void *app_reg)
 {
 	if (!app_reg || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
 		return NULL;
@@ -265,7 +265,7 @@ ST_EXPORT void *st_hijack_cpu_uar_release(void *app_reg)
 
 /* ibv_destroy_qp: forget QP qpn and its SQ/doorbell-record umems, if they are
  * the ones registered for it as a verbs QP (a DevX QP's record is left alone). */
-ST_EXPORT void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id)
+void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id)
 {
 	pthread_mutex_lock(&hijack_lock);
 	struct qp_rec *q = hijack_qp_slot(qpn, 0);

@@ -149,7 +149,7 @@ void hijack_hook_exit(void)
 	}
 }
 
-ST_EXPORT void st_hijack_forget_uar(void *reg_addr)
+void st_hijack_forget_uar(void *reg_addr)
 {
 	uintptr_t pgaddr = (uintptr_t)reg_addr & ~(uintptr_t)(PAGE_SZ - 1);
 	pthread_mutex_lock(&hijack_lock);

@@ -28,7 +28,7 @@ struct qp_rec *hijack_qp_slot(uint32_t qpn, int create)
 	return NULL;
 }
 
-ST_EXPORT void st_hijack_note_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx)
+void st_hijack_note_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx)
 {
 	pthread_mutex_lock(&hijack_lock);
 	int free_i = -1;
@@ -45,7 +45,7 @@ ST_EXPORT void st_hijack_note_uar(void *reg_addr, void *base_addr, uint32_t page
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-ST_EXPORT void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu)
+void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu)
 {
 	pthread_mutex_lock(&hijack_lock);
 	int free_i = -1;
@@ -62,7 +62,7 @@ ST_EXPORT void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, 
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-ST_EXPORT void st_hijack_forget_umem(uint32_t umem_id)
+void st_hijack_forget_umem(uint32_t umem_id)
 {
 	pthread_mutex_lock(&hijack_lock);
 	for (int i = 0; i < MAX_UMEMS; i++)
@@ -72,8 +72,8 @@ ST_EXPORT void st_hijack_forget_umem(uint32_t umem_id)
 }
 
 static uint64_t qp_gen;
-ST_EXPORT void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uint64_t sq_offset,
-				 uint32_t log_sq_size, uint32_t dbr_umem_id, uint64_t dbr_offset)
+void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uint64_t sq_offset,
+		       uint32_t log_sq_size, uint32_t dbr_umem_id, uint64_t dbr_offset)
 {
 	if (!qpn || log_sq_size > 15)
 		return;
@@ -103,7 +103,7 @@ ST_EXPORT void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_um
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-ST_EXPORT void st_hijack_forget_qp(uint32_t qpn)
+void st_hijack_forget_qp(uint32_t qpn)
 {
 	pthread_mutex_lock(&hijack_lock);
 	struct qp_rec *q = hijack_qp_slot(qpn, 0);
