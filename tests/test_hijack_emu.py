@@ -352,3 +352,24 @@ def test_idle_monitor_wait_rechecks_after_arming():
         pytest.skip("native build missing hijack_wait_test (cmake -S native -B build/dev && cmake --build build/dev)")
     p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0 and "WAIT TEST OK" in p.stdout, p.stdout + p.stderr
+
+
+def test_devptr_second_register_of_a_proxied_page_is_watched(tmp_path):
+    """A device pointer asked for a second doorbell register of a page the GPU path already proxies (here two
+    registers of one IOMEMORY page; with the mlx5 provider, a UAR noted after the page's proxy was made) lies in
+    the same proxy page, and the page's poller must watch that register too: its doorbells reach the real one."""
+    d = next((d for d in _native.candidate_dirs() if (d / "tests" / "hijack_devptr").exists()
+              and (d / "emu" / "cuda" / "libcuda.so.1").exists() and (d / "libsigmatrace.so").exists()), None)
+    if d is None:
+        pytest.skip("native build missing hijack_devptr (cmake -S native -B build/dev && cmake --build build/dev)")
+    out = tmp_path / "trace"
+    out.mkdir()
+    env = dict(os.environ, LD_LIBRARY_PATH=str(d / "emu" / "cuda"), LD_PRELOAD=str(d / "libsigmatrace.so"),
+               SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_HIJACK_MODE="guarded")
+    p = subprocess.run([str(d / "tests" / "hijack_devptr")], env=env, capture_output=True, text=True, timeout=60)
+    assert "hijacked=1" in p.stdout, p.stdout + p.stderr
+    assert "SECOND same_proxy_page=1 forwarded=1" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "RESULT OK" in p.stdout, p.stdout + p.stderr
+    cap = read_capture(sorted(glob.glob(str(out / "*.trace"))))
+    db = cap.table("DB_DOORBELL")
+    assert sorted(int(x) for x in db["raw"]) == [0x0000120000010000, 0x0000120000020000, 0x0000340000010000]

@@ -19,6 +19,14 @@ if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda/emucuda.c AND TARGET st_emu_cuda
     RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
     BUILD_RPATH "" SKIP_BUILD_RPATH ON)
   install(TARGETS hijack_fork RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
+  # a second register of a page the GPU path already proxies
+  add_executable(hijack_devptr ${CMAKE_CURRENT_LIST_DIR}/hijack_devptr.c)
+  target_include_directories(hijack_devptr PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda)
+  target_link_libraries(hijack_devptr PRIVATE st_emu_cuda)
+  set_target_properties(hijack_devptr PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+    BUILD_RPATH "" SKIP_BUILD_RPATH ON)
+  install(TARGETS hijack_devptr RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
 endif()
 
 # The order of the poller's monitor/wait idle wait (hijack/arch.h), with fakes.

@@ -322,6 +322,21 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 		return out;
 	}
 	if (pg) {
+		/* registers noted (or asked for) since the page was made: its poller
+		 * watches them too, as the CPU-proxy branch does above (noffs is
+		 * published last; the poller picks them up at its next scan) */
+		int n = pg->noffs;
+		for (int k = 0; k < noffs && n < MAX_WATCH; k++) {
+			int have = 0;
+			for (int w = 0; w < n && !have; w++)
+				have = pg->offs[w] == offs[k];
+			if (have)
+				continue;
+			pg->offs[n] = offs[k];
+			pg->last[n] = 0;
+			n++;
+		}
+		__atomic_store_n(&pg->noffs, n, __ATOMIC_RELEASE);
 		uint64_t out = pg->proxy_dev + (a - pgaddr);
 		if (!pg->real_dev)
 			pg->real_dev = real_dptr - (a - pgaddr);
