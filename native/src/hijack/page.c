@@ -363,9 +363,11 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 	 * cannot write into it. */
 	madvise(pg->proxy, PAGE_SZ, MADV_DONTFORK);
 	st_CUdeviceptr pd = 0;
-	if (d->MemHostRegister(pg->proxy, PAGE_SZ, ST_CU_MEMHOSTREGISTER_PORTABLE | ST_CU_MEMHOSTREGISTER_DEVICEMAP) ||
-	    d->MemHostGetDevicePointer(&pd, pg->proxy, 0) || !pd) {
-		if (pd == 0)
+	int registered = d->MemHostRegister(pg->proxy, PAGE_SZ, ST_CU_MEMHOSTREGISTER_PORTABLE | ST_CU_MEMHOSTREGISTER_DEVICEMAP) == 0;
+	if (!registered || d->MemHostGetDevicePointer(&pd, pg->proxy, 0) || !pd) {
+		/* undo the registration whenever it succeeded (the pointer call may
+		 * have failed after writing a pointer), never when it did not */
+		if (registered)
 			d->MemHostUnregister(pg->proxy);
 		munmap(pg->proxy, PAGE_SZ);
 		pg->proxy = NULL;
