@@ -373,3 +373,41 @@ def test_devptr_second_register_of_a_proxied_page_is_watched(tmp_path):
     cap = read_capture(sorted(glob.glob(str(out / "*.trace"))))
     db = cap.table("DB_DOORBELL")
     assert sorted(int(x) for x in db["raw"]) == [0x0000120000010000, 0x0000120000020000, 0x0000340000010000]
+
+
+@pytest.mark.parametrize("path", ["gpu-unregister", "cpu-exit"])
+def test_stuck_poller_does_not_hang_the_program(tmp_path, path):
+    """A poller stuck in a driver call (test hook SIGMATRACE_HIJACK_TEST_STUCK: every poller blocks for good as it
+    stops) must not hang the program: stopping a page (cuMemHostUnregister of a GPU doorbell page) and process exit
+    (CPU-doorbell pages) wait at most SIGMATRACE_HIJACK_STOP_TIMEOUT_MS, then go on; what the poller did not drain
+    is counted and reported (stderr, and a summary record marked stuck in place of the poller's own)."""
+    out = tmp_path / "trace"
+    out.mkdir()
+    hook = dict(SIGMATRACE_HIJACK_TEST_STUCK="1", SIGMATRACE_HIJACK_STOP_TIMEOUT_MS="300", SIGMATRACE_OUTPUT_DIR=str(out))
+    if path == "gpu-unregister":
+        d = next((d for d in _native.candidate_dirs() if (d / "tests" / "hijack_devptr").exists()
+                  and (d / "emu" / "cuda" / "libcuda.so.1").exists() and (d / "libsigmatrace.so").exists()), None)
+        if d is None:
+            pytest.skip("native build missing hijack_devptr")
+        env = dict(os.environ, LD_LIBRARY_PATH=str(d / "emu" / "cuda"), LD_PRELOAD=str(d / "libsigmatrace.so"), **hook)
+        argv, npollers, installed = [str(d / "tests" / "hijack_devptr")], 1, 1
+    else:
+        from test_trace_verbs_support import IBGDA_CLIENT, TRACER
+        from native_util import emu_env, new_fabric
+        if IBGDA_CLIENT is None or TRACER is None:
+            pytest.skip("emu_ibgda_client / libsigmatrace.so not built")
+        env = emu_env(new_fabric(), 0x54, LD_PRELOAD=str(TRACER), **hook)
+        argv, npollers, installed = [str(IBGDA_CLIENT), "--pair", "--ops", "20"], 4, 1  # 4 UARs, the QP's is rung
+    try:
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{path}: the program hung on a stuck poller")
+    finally:
+        if path == "cpu-exit":
+            from native_util import cleanup_fabric
+            cleanup_fabric(env["SIGMATRACE_EMU_FABRIC"])
+    assert p.returncode == 0 and "RESULT OK" in p.stdout, p.stdout + p.stderr
+    assert f"hijack: {npollers} poller(s) did not stop within 300 ms" in p.stderr, p.stderr
+    cap = read_capture(sorted(glob.glob(str(out / "*.trace"))))
+    stuck = [j for j in poller_summaries(cap) if j.get("stuck")]
+    assert len(stuck) == installed and all("undrained_wqebb" in j for j in stuck), poller_summaries(cap)

@@ -72,6 +72,12 @@ static void cfg_load_once(void)
 	v = getenv("SIGMATRACE_CPU_DOORBELLS");
 	if (v && *v)
 		hijack_cfg.cpu_doorbells = atoi(v) != 0;
+	hijack_cfg.stop_timeout_ms = 2000;
+	v = getenv("SIGMATRACE_HIJACK_STOP_TIMEOUT_MS");
+	if (v && *v && atoi(v) >= 0)
+		hijack_cfg.stop_timeout_ms = atoi(v);
+	v = getenv("SIGMATRACE_HIJACK_TEST_STUCK"); /* test hook, see docs/hijack.md */
+	hijack_cfg.test_stuck = v && atoi(v) > 0;
 	hijack_cfg.wait_kind = has_waitpkg() ? 1 : has_monitorx() ? 2 : 0;
 	v = getenv("SIGMATRACE_POLLER_WAIT");
 	if (v && !strcmp(v, "spin"))

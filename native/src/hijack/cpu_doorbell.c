@@ -290,7 +290,7 @@ void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_u
 				pg->owner[w] = OWNER_FREE;
 				mine = 1;
 			}
-		if (!mine || __atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE))
+		if (!mine || pg->stuck || __atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE))
 			continue;
 		uint32_t want = __atomic_add_fetch(&pg->sync_seq, 1, __ATOMIC_ACQ_REL);
 		pthread_mutex_unlock(&hijack_lock);

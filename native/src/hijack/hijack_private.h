@@ -63,6 +63,8 @@ struct hijack_config {
 	int ncpus;
 	int wait_kind;        /* 0 spin, 1 umwait, 2 mwaitx */
 	int cpu_doorbells;    /* proxy DevX UARs at allocation (F24d) */
+	int test_stuck;       /* test hook SIGMATRACE_HIJACK_TEST_STUCK: a stopping poller blocks for good */
+	int stop_timeout_ms;  /* longest wait for a poller to stop, drain or quiesce */
 };
 extern struct hijack_config hijack_cfg ST_HIDDEN;
 
@@ -190,6 +192,8 @@ struct page {
 	int cuda_on;               /* poller-private: stream/events/pinned stage set up */
 	int installed;             /* poller-private: DB_HIJACK_INSTALL emitted */
 	int quiesce, quiesced;     /* process exit: summary out, then forward only (atomic) */
+	int exited;                /* the poller thread is about to return (atomic) */
+	int stuck;                 /* a stop/quiesce/detach gave up waiting for the poller (under hijack_lock) */
 };
 
 static inline const struct st_cudrv *drv(void)
@@ -229,6 +233,8 @@ void hijack_hook_fork(void) ST_HIDDEN;
 /* Stop pg's poller (a last scan, joined) and unmap its proxy; caller holds
  * hijack_lock, which is dropped while joining. */
 void hijack_stop_page(struct page *pg) ST_HIDDEN;
+/* CLOCK_MONOTONIC deadline (ns) of a wait for a poller that starts now. */
+uint64_t hijack_stop_deadline(void) ST_HIDDEN;
 
 /* ---- CPU doorbells (cpu_doorbell.c) --------------------------------------- */
 extern uint64_t hijack_cpu_proxy_failed ST_HIDDEN; /* CPU-doorbell proxies not installed (the real UAR was left alone) */

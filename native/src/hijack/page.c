@@ -17,16 +17,87 @@
 struct page hijack_pages[MAX_PAGES];
 static int exit_hook;
 
-void hijack_stop_page(struct page *pg)
+uint64_t hijack_stop_deadline(void)
+{
+	hijack_cfg_load();
+	return st_now_ns() + (uint64_t)hijack_cfg.stop_timeout_ms * 1000000ull;
+}
+
+/* Wait (hijack_lock not held) until *flag is set or the deadline passes; 1 if set. */
+static int wait_flag(const int *flag, uint64_t deadline)
+{
+	while (!__atomic_load_n(flag, __ATOMIC_ACQUIRE)) {
+		if (st_now_ns() >= deadline)
+			return 0;
+		struct timespec ts = {0, 20000};
+		nanosleep(&ts, NULL);
+	}
+	return 1;
+}
+
+/* Pollers that did not answer a stop, quiesce or detach in time, and what
+ * they had copied but not parsed (under hijack_lock; reported at exit). */
+static uint64_t stuck_pollers, undrained_ranges, undrained_wqebb;
+
+/* pg's poller did not answer within SIGMATRACE_HIJACK_STOP_TIMEOUT_MS (stuck
+ * in a driver call, say): nobody waits for it again, its proxy stays mapped
+ * (it may still read it; the slot is never reused), and the ranges it had
+ * not drained are counted lost and reported in place of its own summary
+ * (its counters read while it runs: a snapshot).  Caller holds hijack_lock. */
+static void report_stuck(struct page *pg, const char *when)
+{
+	if (pg->stuck)
+		return;
+	pg->stuck = 1;
+	uint32_t head = __atomic_load_n(&pg->pend_head, __ATOMIC_RELAXED), tail = __atomic_load_n(&pg->pend_tail, __ATOMIC_RELAXED);
+	uint64_t n = 0, w = 0;
+	for (uint32_t i = tail; i != head && n < MAX_PEND; i++, n++)
+		w += __atomic_load_n(&pg->pend[i % MAX_PEND].cnt, __ATOMIC_RELAXED);
+	stuck_pollers++;
+	undrained_ranges += n;
+	undrained_wqebb += w;
+	uint64_t seen = __atomic_load_n(&pg->seen, __ATOMIC_RELAXED);
+	st_warn("hijack: the poller of UAR page %#x did not answer (%s) within %d ms; %llu copied range(s), %llu WQEBBs not drained",
+		pg->page_id, when, hijack_cfg.stop_timeout_ms, (unsigned long long)n, (unsigned long long)w);
+	if (!__atomic_load_n(&pg->installed, __ATOMIC_RELAXED))
+		return; /* never used: it would have recorded nothing */
+	char buf[384];
+	struct st_json j;
+	st_json_init(&j, buf, sizeof buf);
+	st_json_open(&j, NULL, '{');
+	st_json_uint(&j, "doorbells", seen);
+	st_json_uint(&j, "wqebb_lost", w);
+	st_json_bool(&j, "stuck", 1);
+	st_json_str(&j, "when", when);
+	st_json_uint(&j, "undrained_ranges", n);
+	st_json_uint(&j, "undrained_wqebb", w);
+	if (pg->cpuproxy)
+		st_json_bool(&j, "cpu_doorbells", 1);
+	st_json_close(&j, '}');
+	st_side_json(buf, j.len);
+	st_ev(ST_EV_DB_HIJACK_REMOVE, 0, pg->page_id, seen);
+}
+
+/* hijack_stop_page, waiting until deadline at most. */
+static void stop_page_until(struct page *pg, uint64_t deadline)
 {
 	/* caller holds hijack_lock */
 	if (!pg->live)
 		return;
-	pg->live = 0;
+	__atomic_store_n(&pg->live, 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&pg->stop, 1, __ATOMIC_RELEASE);
 	pthread_t t = pg->thr;
 	int started = pg->thr_started;
+	if (started && pg->stuck)
+		return; /* it did not answer before: nobody waits for it again */
 	pthread_mutex_unlock(&hijack_lock);
+	int done = !started || wait_flag(&pg->exited, deadline);
+	if (!done) {
+		pthread_detach(t);
+		pthread_mutex_lock(&hijack_lock);
+		report_stuck(pg, "stop");
+		return;
+	}
 	if (started)
 		pthread_join(t, NULL);
 	const struct st_cudrv *d = drv();
@@ -45,19 +116,23 @@ void hijack_stop_page(struct page *pg)
 	pthread_mutex_lock(&hijack_lock);
 }
 
-/* Process exit, CPU-doorbell page: summary and flush now, but keep
- * forwarding until the process is gone (caller holds hijack_lock). */
-static void quiesce_page(struct page *pg)
+void hijack_stop_page(struct page *pg)
 {
-	if (!pg->live || !pg->thr_started || __atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
+	stop_page_until(pg, hijack_stop_deadline());
+}
+
+/* Process exit, CPU-doorbell page: summary and flush now, but keep
+ * forwarding until the process is gone.  The request (quiesce) was posted by
+ * the caller, which holds hijack_lock; wait until deadline at most. */
+static void quiesce_wait(struct page *pg, uint64_t deadline)
+{
+	if (!pg->live || !pg->thr_started || pg->stuck)
 		return;
-	__atomic_store_n(&pg->quiesce, 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&hijack_lock);
-	while (!__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE)) {
-		struct timespec ts = {0, 20000};
-		nanosleep(&ts, NULL);
-	}
+	int done = wait_flag(&pg->quiesced, deadline);
 	pthread_mutex_lock(&hijack_lock);
+	if (!done)
+		report_stuck(pg, "exit");
 }
 
 /* A device pointer for a CPU-doorbell page: register a second proxy page
@@ -105,16 +180,24 @@ static void gpu_detach(struct page *pg)
 		return;
 	__atomic_store_n(&pg->gpu_want, 0, __ATOMIC_RELEASE);
 	uint32_t seq = __atomic_add_fetch(&pg->gpu_seq, 1, __ATOMIC_RELEASE);
-	if (pg->thr_started && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+	int timed_out = 0;
+	if (pg->thr_started && !pg->stuck && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+		uint64_t deadline = hijack_stop_deadline();
 		pthread_mutex_unlock(&hijack_lock);
-		while (__atomic_load_n(&pg->gpu_ack, __ATOMIC_ACQUIRE) != seq && pg->live &&
+		while (__atomic_load_n(&pg->gpu_ack, __ATOMIC_ACQUIRE) != seq && __atomic_load_n(&pg->live, __ATOMIC_ACQUIRE) &&
 		       !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+			if (st_now_ns() >= deadline) {
+				timed_out = 1;
+				break;
+			}
 			struct timespec ts = {0, 20000};
 			nanosleep(&ts, NULL);
 		}
 		pthread_mutex_lock(&hijack_lock);
 	}
-	if (!pg->live || !pg->proxy_dev)
+	if (timed_out)
+		report_stuck(pg, "detach"); /* the GPU proxy stays registered: the poller may still scan it */
+	if (!pg->live || !pg->proxy_dev || pg->stuck)
 		return;
 	const struct st_cudrv *d = drv();
 	if (d && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
@@ -124,15 +207,38 @@ static void gpu_detach(struct page *pg)
 void st_hijack_shutdown(void)
 {
 	pthread_mutex_lock(&hijack_lock);
+	/* every poller is asked first and then waited for against one deadline:
+	 * stuck ones cost the timeout once, not once each */
+	static unsigned char ask[MAX_PAGES];
 	for (int i = 0; i < MAX_PAGES; i++) {
-		if (hijack_pages[i].live && hijack_pages[i].cpuproxy)
-			quiesce_page(&hijack_pages[i]);
-		else
-			hijack_stop_page(&hijack_pages[i]);
+		struct page *pg = &hijack_pages[i];
+		ask[i] = 0;
+		if (!pg->live)
+			continue;
+		if (!pg->cpuproxy)
+			__atomic_store_n(&pg->stop, 1, __ATOMIC_RELEASE);
+		else if (pg->thr_started && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+			__atomic_store_n(&pg->quiesce, 1, __ATOMIC_RELEASE);
+			ask[i] = 1;
+		}
+	}
+	uint64_t deadline = hijack_stop_deadline();
+	for (int i = 0; i < MAX_PAGES; i++) {
+		struct page *pg = &hijack_pages[i];
+		if (pg->live && pg->cpuproxy) {
+			if (ask[i])
+				quiesce_wait(pg, deadline);
+		} else
+			stop_page_until(pg, deadline);
 	}
 	if (hijack_cpu_proxy_failed)
 		st_warn("hijack: %llu UAR register(s) left unproxied (CPU doorbells not traced there)",
 			(unsigned long long)hijack_cpu_proxy_failed);
+	if (stuck_pollers)
+		st_warn("hijack: %llu poller(s) did not stop within %d ms (stuck in a driver call?); %llu copied range(s), "
+			"%llu WQEBBs not drained, counted lost",
+			(unsigned long long)stuck_pollers, hijack_cfg.stop_timeout_ms, (unsigned long long)undrained_ranges,
+			(unsigned long long)undrained_wqebb);
 	pthread_mutex_unlock(&hijack_lock);
 }
 

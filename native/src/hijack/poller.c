@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "arch.h"
 #include "hijack_private.h"
@@ -445,6 +446,10 @@ void *hijack_poller(void *arg)
 		if (sleep_us < cap)
 			sleep_us = sleep_us * 2 > cap ? cap : sleep_us * 2;
 	}
+	/* test hook: a poller stuck for good in a driver call (say
+	 * cuEventSynchronize on a copy that never ends) as it stops */
+	while (hijack_cfg.test_stuck)
+		pause();
 	hijack_close_batch(pg);
 	hijack_drain(pg, 1);
 	if (pg->installed) {
@@ -480,5 +485,6 @@ void *hijack_poller(void *arg)
 		forward_only(pg);
 	}
 	st_tls_depth--;
+	__atomic_store_n(&pg->exited, 1, __ATOMIC_RELEASE);
 	return NULL;
 }
