@@ -143,10 +143,10 @@ static void *cpu_page_new(uintptr_t pgaddr, uint16_t off, uint32_t page_id, void
 	 * poller_install): unused UARs (a CQ's, an idle peer's) must not take the
 	 * cores meant for the doorbells that are. */
 	pg->cpu = -1;
-	pg->live = 1;
+	__atomic_store_n(&pg->live, 1, __ATOMIC_RELEASE); /* lock-free readers: translate_dev */
 	hijack_hook_exit();
 	if (hijack_start_poller(pg) != 0) {
-		pg->live = 0;
+		__atomic_store_n(&pg->live, 0, __ATOMIC_RELEASE);
 		munmap(pg->proxy, PAGE_SZ);
 		pg->proxy = NULL;
 		pg->cpuproxy = 0;

@@ -17,6 +17,14 @@
 struct page hijack_pages[MAX_PAGES];
 static int exit_hook;
 
+/* The page's device pointers go (caller holds hijack_lock; translate_dev
+ * reads them without it). */
+static void dev_clear(struct page *pg)
+{
+	__atomic_store_n(&pg->proxy_dev, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&pg->real_dev, 0, __ATOMIC_RELEASE);
+}
+
 uint64_t hijack_stop_deadline(void)
 {
 	hijack_cfg_load();
@@ -108,7 +116,7 @@ static void stop_page_until(struct page *pg, uint64_t deadline)
 		if (pg->gproxy)
 			munmap(pg->gproxy, PAGE_SZ);
 		pg->gproxy = NULL;
-		pg->proxy_dev = pg->real_dev = 0;
+		dev_clear(pg);
 	} else if (d && pg->proxy_dev)
 		d->MemHostUnregister(pg->proxy);
 	munmap(pg->proxy, PAGE_SZ);
@@ -158,7 +166,7 @@ static int gpu_attach(struct page *pg, const struct st_cudrv *d)
 		d->MemHostUnregister(pg->gproxy);
 		return -1;
 	}
-	pg->proxy_dev = pd;
+	__atomic_store_n(&pg->proxy_dev, pd, __ATOMIC_RELEASE); /* translate_dev reads it without the lock */
 	st_CUcontext c = NULL;
 	if (d->CtxGetCurrent && d->CtxGetCurrent(&c) == 0 && c)
 		pg->cuctx = c;
@@ -202,7 +210,7 @@ static void gpu_detach(struct page *pg)
 	const struct st_cudrv *d = drv();
 	if (d && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
 		d->MemHostUnregister(pg->gproxy);
-	pg->proxy_dev = pg->real_dev = 0;
+	dev_clear(pg);
 }
 void st_hijack_shutdown(void)
 {
@@ -298,9 +306,12 @@ static uint64_t translate_dev(uint64_t d, int to_real)
 {
 	for (int i = 0; i < MAX_PAGES; i++) {
 		const struct page *pg = &hijack_pages[i];
-		if (!pg->live)
+		/* written under hijack_lock with release stores, read here with
+		 * acquire loads (as cpumap): a page seen live has its pointers */
+		if (!__atomic_load_n(&pg->live, __ATOMIC_ACQUIRE))
 			continue;
-		uint64_t from = to_real ? pg->proxy_dev : pg->real_dev, to = to_real ? pg->real_dev : pg->proxy_dev;
+		uint64_t pd = __atomic_load_n(&pg->proxy_dev, __ATOMIC_ACQUIRE), rd = __atomic_load_n(&pg->real_dev, __ATOMIC_ACQUIRE);
+		uint64_t from = to_real ? pd : rd, to = to_real ? rd : pd;
 		if (from && to && d >= from && d < from + PAGE_SZ)
 			return to + (d - from);
 	}
@@ -421,7 +432,7 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 			return real_dptr;
 		}
 		if (!pg->real_dev)
-			pg->real_dev = real_dptr - (a - pgaddr);
+			__atomic_store_n(&pg->real_dev, real_dptr - (a - pgaddr), __ATOMIC_RELEASE);
 		uint64_t out = pg->proxy_dev + (a - pgaddr);
 		pthread_mutex_unlock(&hijack_lock);
 		*hijacked = 1;
@@ -445,7 +456,7 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 		__atomic_store_n(&pg->noffs, n, __ATOMIC_RELEASE);
 		uint64_t out = pg->proxy_dev + (a - pgaddr);
 		if (!pg->real_dev)
-			pg->real_dev = real_dptr - (a - pgaddr);
+			__atomic_store_n(&pg->real_dev, real_dptr - (a - pgaddr), __ATOMIC_RELEASE);
 		pthread_mutex_unlock(&hijack_lock);
 		*hijacked = 1;
 		return out;
@@ -493,12 +504,12 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 	if (d->CtxGetDevice && d->CtxGetDevice(&dev) == 0)
 		pg->gpu = dev;
 	pg->cpu = hijack_next_poller_cpu();
-	pg->live = 1;
+	__atomic_store_n(&pg->live, 1, __ATOMIC_RELEASE); /* every field above first (translate_dev) */
 	hijack_hook_exit();
 	if (hijack_start_poller(pg) == 0)
 		pg->thr_started = 1;
 	else {
-		pg->live = 0;
+		__atomic_store_n(&pg->live, 0, __ATOMIC_RELEASE);
 		d->MemHostUnregister(pg->proxy);
 		munmap(pg->proxy, PAGE_SZ);
 		pg->proxy = NULL;

@@ -233,8 +233,8 @@ static void poller_install(struct page *pg)
 	st_json_hex(&j, "uar_page", pg->page);
 	st_json_hex(&j, "reg_offset", pg->offs[0]);
 	st_json_hex(&j, "proxy_host", (uintptr_t)(pg->cpuproxy && pg->gproxy && pg->proxy_dev ? pg->gproxy : pg->proxy));
-	st_json_hex(&j, "proxy_dev", pg->proxy_dev);
-	st_json_hex(&j, "real_dev", pg->real_dev);
+	st_json_hex(&j, "proxy_dev", __atomic_load_n(&pg->proxy_dev, __ATOMIC_ACQUIRE));
+	st_json_hex(&j, "real_dev", __atomic_load_n(&pg->real_dev, __ATOMIC_ACQUIRE));
 	st_json_uint(&j, "page_id", pg->page_id);
 	st_json_str(&j, "mode", hijack_mode_names[hijack_cfg.mode]);
 	st_json_str(&j, "wait", hijack_wait_name(hijack_cfg.wait_kind));
@@ -304,7 +304,8 @@ static int scan(struct page *pg)
 	if (__atomic_load_n(&pg->gpu_seq, __ATOMIC_ACQUIRE) != pg->gpu_seen)
 		poller_sync(pg);
 	int n = scan_words(pg, pg->proxy, pg->last);
-	if (pg->gproxy && __atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE))
+	/* gwatch (acquire) before gproxy: gpu_attach publishes gproxy first */
+	if (__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE) && pg->gproxy)
 		n += scan_words(pg, pg->gproxy, pg->glast);
 	return n;
 }
@@ -317,9 +318,12 @@ static void forward_only(struct page *pg)
 	for (;;) {
 		int stop = __atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE), n = 0;
 		for (int src = 0; src < 2; src++) {
+			/* gwatch (acquire) before gproxy, as in scan */
+			if (src && !__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE))
+				continue;
 			const uint8_t *base = src ? pg->gproxy : pg->proxy;
 			uint64_t *last = src ? pg->glast : pg->last;
-			if (!base || (src && !__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE)))
+			if (!base)
 				continue;
 			int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE);
 			for (int k = 0; k < noffs; k++) {

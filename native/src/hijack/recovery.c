@@ -29,7 +29,7 @@ struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn)
 		if (pg->qs[i].qpn == qpn) {
 			struct qpstate *s = &pg->qs[i];
 			struct qp_rec *q = hijack_qp_slot(qpn, 0);
-			if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE) && q->gen != s->gen) {
+			if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE) && __atomic_load_n(&q->gen, __ATOMIC_ACQUIRE) != s->gen) {
 				/* QP recreated with the same number: start over */
 				s->pi = 0;
 				s->rung = 0;

@@ -96,7 +96,7 @@ void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uin
 		q->log_sq = log_sq_size;
 		q->dbr_umem = dbr_umem_id;
 		q->dbr_offset = dbr_offset;
-		q->gen = ++qp_gen;
+		__atomic_store_n(&q->gen, ++qp_gen, __ATOMIC_RELAXED); /* published by the release store of live below */
 		__atomic_store_n(&q->qpn, qpn, __ATOMIC_RELEASE);
 		__atomic_store_n(&q->live, 1, __ATOMIC_RELEASE);
 	}
