@@ -27,6 +27,13 @@
  *       each following pair (reg ^ 0x100, then reg) is rung back to back:
  *       a poller that wakes after both sees the newer value in reg, which it
  *       scans first, and the older one in its twin.
+ *   --churn N
+ *       (--pair, DevX) after the checks, destroy the initiator's QP and create
+ *       a new one on the same UAR, SQ and CQ, N times, each connected to the
+ *       target and posting one RDMA WRITE (one doorbell): N + 2 QPs in one
+ *       process, their numbers reused as the HCA hands them out again
+ *       ("CHURN qps=N ok=K" at the end).  With --churn-keep the QPs stay
+ *       alive until all N exist (N + 2 live QPs), then all are destroyed.
  *   --sigwait
  *       after the set-up (every UAR allocated), the main thread blocks
  *       SIGUSR1, a thread waits for it with sigwait, and the process sends
@@ -56,7 +63,7 @@
 #define CHUNK 1024
 
 static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose, g_verbs;
-static int g_sigwait;
+static int g_sigwait, g_churn, g_churn_keep;
 static int g_bfalt = -1; /* --bf-alternate: pause (us) after each doorbell on reg itself; -1: off */
 
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
@@ -523,6 +530,37 @@ static int verify_target(struct ep *e)
 	return fails;
 }
 
+/* ---- --churn: many short-lived QPs on one UAR page ------------------------- */
+static int run_churn(struct ep *a, const struct peer_info *pb)
+{
+	int ok = 0;
+	struct mlx5dv_devx_obj **keep = g_churn_keep ? calloc((size_t)g_churn, sizeof *keep) : NULL;
+	for (int i = 0; i < g_churn; i++) {
+		if (keep)
+			keep[i] = a->qp_obj;
+		else
+			CHECK(!mlx5dv_devx_obj_destroy(a->qp_obj), "destroy QP %d", i);
+		memset(a->qp_dbr, 0, 8);
+		uint8_t out[IBGDA_PRM_OUT_SIZE];
+		a->qp_obj = ibgda_create_qp(a->ctx, a->pdn, a->uar->page_id, a->srqn, a->cqn, a->rcqn, a->wq_umem->umem_id,
+					    a->nwqebb, a->qp_dbr_umem->umem_id, out, &a->qpn);
+		CHECK(a->qp_obj, "CREATE_QP %d failed: status 0x%x", i, (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS));
+		connect_ep(a, pb);
+		a->pi = a->done_idx = 0;
+		g_pend_h = g_pend_t;
+		uint32_t k = (uint32_t)i % 256;
+		uint32_t last = post_write(a, pb, OFF_SRC + k * CHUNK, (uint64_t)k * CHUNK, 64, 1, ST_MLX5_WQE_CTRL_CQ_UPDATE);
+		ring(a, last, 1, (uint16_t)last);
+		drain(a);
+		ok++;
+	}
+	for (int i = 0; keep && i < g_churn; i++)
+		CHECK(!mlx5dv_devx_obj_destroy(keep[i]), "destroy kept QP %d", i);
+	free(keep);
+	printf("CHURN qps=%d ok=%d\n", g_churn, ok);
+	return ok != g_churn;
+}
+
 /* ---- --sigwait: a process-directed signal reaches the thread that waits for it */
 static void *sigwait_main(void *arg)
 {
@@ -569,7 +607,8 @@ int main(int argc, char **argv)
 		{ "cc", no_argument, 0, 'c' }, { "depth", required_argument, 0, 'D' }, { "ops", required_argument, 0, 'n' },
 		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' },
 		{ "verbs-qp", no_argument, 0, 'V' }, { "bf-alternate", optional_argument, 0, 'A' },
-		{ "sigwait", no_argument, 0, 'S' }, { 0, 0, 0, 0 },
+		{ "sigwait", no_argument, 0, 'S' }, { "churn", required_argument, 0, 'C' },
+		{ "churn-keep", no_argument, 0, 'K' }, { 0, 0, 0, 0 },
 	};
 	int ch;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -584,6 +623,8 @@ int main(int argc, char **argv)
 		case 'v': g_verbose = 1; break;
 		case 'V': g_verbs = 1; break;
 		case 'S': g_sigwait = 1; break;
+		case 'C': g_churn = atoi(optarg); break;
+		case 'K': g_churn_keep = 1; break;
 		case 'A': g_bfalt = optarg ? atoi(optarg) : 0; break;
 		default: fprintf(stderr, "usage: see source\n"); return 2;
 		}
@@ -619,6 +660,8 @@ int main(int argc, char **argv)
 		printf("CONNECT qpn=0x%x <-> qpn=0x%x\n", a.qpn, b.qpn);
 		fails += run_initiator(&a, &pb, 77);
 		fails += verify_target(&b);
+		if (g_churn && !g_verbs)
+			fails += run_churn(&a, &pb);
 		if (g_verbs) { /* the register goes away with the context: closing must not hang or fault */
 			CHECK(!ibv_destroy_qp(a.vqp) && !ibv_destroy_qp(b.vqp), "destroy_qp");
 			/* a QP made after those are gone (it may get their register) */

@@ -38,3 +38,12 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64|aarch64|arm64")
     BUILD_RPATH "" SKIP_BUILD_RPATH ON)
   install(TARGETS hijack_wait_test RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
 endif()
+
+# The hijack's QP record table over many QPs' lifetimes (registry.c compiled in).
+add_executable(hijack_registry_test ${CMAKE_CURRENT_LIST_DIR}/hijack_registry_test.c)
+target_include_directories(hijack_registry_test PRIVATE ${ST_INCLUDE_DIR} ${CMAKE_CURRENT_LIST_DIR}/../src)
+target_link_libraries(hijack_registry_test PRIVATE pthread)
+set_target_properties(hijack_registry_test PROPERTIES
+  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+  BUILD_RPATH "" SKIP_BUILD_RPATH ON)
+install(TARGETS hijack_registry_test RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)

@@ -273,7 +273,7 @@ void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_u
 		pthread_mutex_unlock(&hijack_lock);
 		return;
 	}
-	__atomic_store_n(&q->live, 0, __ATOMIC_RELEASE);
+	hijack_qp_free(q);
 	for (int i = 0; i < MAX_UMEMS; i++)
 		if (hijack_umems[i].live && (hijack_umems[i].id == sq_umem_id || hijack_umems[i].id == dbr_umem_id))
 			hijack_umems[i].live = 0;

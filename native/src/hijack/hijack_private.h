@@ -106,6 +106,9 @@ extern struct reg_rec hijack_regs[MAX_REGS] ST_HIDDEN;
 /* The record of QP qpn (lock-free readers); with create, the empty slot
  * where it goes.  NULL: not found / table full. */
 struct qp_rec *hijack_qp_slot(uint32_t qpn, int create) ST_HIDDEN;
+/* Record q goes (QP forgotten); its slot is reused.  Under hijack_lock. */
+void hijack_qp_free(struct qp_rec *q) ST_HIDDEN;
+extern uint64_t hijack_qp_table_full ST_HIDDEN; /* QPs not recorded for want of a slot */
 /* The SQ of a QP as (address, is-GPU); under hijack_lock. */
 int hijack_qp_sq(const struct qp_rec *q, uintptr_t *sq, int *gpu) ST_HIDDEN;
 
@@ -122,6 +125,7 @@ struct qpstate {
 	uint32_t npend;       /* copied ranges of this QP not parsed yet */
 	uint32_t pend_oldest; /* producer counter of the oldest of them */
 	uint64_t guard_waits; /* guarded mode: doorbells held until the copies landed */
+	int used;             /* this entry of pg->qs holds a QP (else free for another) */
 	int known;            /* a QP record was found: log_sq is its ring size */
 	int rung;             /* pi and word hold the last doorbell forwarded */
 	int word;             /* where that came from (watched offset | 0x100 for the GPU proxy) */
@@ -172,6 +176,8 @@ struct page {
 	uint32_t batch_open, batch_done; /* batches: open id, completed up to */
 	uint32_t batch_wqebb;            /* WQEBBs in the open batch */
 	uint64_t unknown_qp, copies, sync_waits, guard_waits, stale;
+	uint64_t untracked;                  /* doorbells of QPs the full qs[] could not take */
+	uint64_t gone_ok, gone_lost, gone_wqes; /* counters of QP states freed (QP destroyed) */
 	uint64_t fwd_ns_sum;
 	/* CPU doorbells (F24d): proxy is the page the application's reg_addr
 	 * points into since mlx5dv_devx_alloc_uar; the GPU, if it asks for a
@@ -205,6 +211,8 @@ static inline const struct st_cudrv *drv(void)
 /* The poller's state of QP qpn on page pg (new, or refreshed when the QP was
  * recreated or forgotten); NULL when the page tracks too many QPs. */
 struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn) ST_HIDDEN;
+/* Free the states of pg's QPs that were destroyed and have no copy pending (poller). */
+void hijack_page_qp_gc(struct page *pg) ST_HIDDEN;
 /* Parse every pending range whose batch has completed (wait: every range). */
 void hijack_drain(struct page *pg, int wait) ST_HIDDEN;
 void hijack_close_batch(struct page *pg) ST_HIDDEN;

@@ -242,6 +242,9 @@ void st_hijack_shutdown(void)
 	if (hijack_cpu_proxy_failed)
 		st_warn("hijack: %llu UAR register(s) left unproxied (CPU doorbells not traced there)",
 			(unsigned long long)hijack_cpu_proxy_failed);
+	if (hijack_qp_table_full)
+		st_warn("hijack: %llu QP(s) not recorded (QP table full, %d live records): their WQEs are not recovered",
+			(unsigned long long)hijack_qp_table_full, QP_SLOTS);
 	if (stuck_pollers)
 		st_warn("hijack: %llu poller(s) did not stop within %d ms (stuck in a driver call?); %llu copied range(s), "
 			"%llu WQEBBs not drained, counted lost",

@@ -114,6 +114,8 @@ static void on_doorbell(struct page *pg, int k, int src, uint64_t v)
 		poller_install(pg);
 	int mode = hijack_cfg.mode;
 	struct qpstate *s = hijack_page_qp(pg, qpn); /* every mode: the order of its doorbells */
+	if (!s)
+		pg->untracked++; /* more live QPs on this page than qs[] holds: forwarded, not recovered */
 	if (s && overtaken(s, k | (src << 8), pi16)) {
 		pg->stale++;
 		return;
@@ -400,6 +402,7 @@ void *hijack_poller(void *arg)
 			scan(pg);
 			hijack_close_batch(pg);
 			hijack_drain(pg, 1);
+			hijack_page_qp_gc(pg); /* the forgotten QP's state goes, its entry is free again */
 			__atomic_store_n(&pg->sync_ack, sync, __ATOMIC_RELEASE);
 			idle_since = 0;
 			sleep_us = 1;
@@ -457,12 +460,13 @@ void *hijack_poller(void *arg)
 	hijack_close_batch(pg);
 	hijack_drain(pg, 1);
 	if (pg->installed) {
-		uint64_t ok = 0, lost = 0, wqes = 0;
-		for (int i = 0; i < pg->nqs; i++) {
-			ok += pg->qs[i].wqebb_ok;
-			lost += pg->qs[i].wqebb_lost;
-			wqes += pg->qs[i].wqe_ok;
-		}
+		uint64_t ok = pg->gone_ok, lost = pg->gone_lost, wqes = pg->gone_wqes;
+		for (int i = 0; i < pg->nqs; i++)
+			if (pg->qs[i].used) {
+				ok += pg->qs[i].wqebb_ok;
+				lost += pg->qs[i].wqebb_lost;
+				wqes += pg->qs[i].wqe_ok;
+			}
 		char buf[512];
 		struct st_json j;
 		st_json_init(&j, buf, sizeof buf);
@@ -472,6 +476,7 @@ void *hijack_poller(void *arg)
 		st_json_uint(&j, "wqebb_verified", ok);
 		st_json_uint(&j, "wqebb_lost", lost);
 		st_json_uint(&j, "unknown_qp_doorbells", pg->unknown_qp);
+		st_json_uint(&j, "untracked_qp_doorbells", pg->untracked);
 		st_json_uint(&j, "copies", pg->copies);
 		st_json_uint(&j, "sync_waits", pg->sync_waits);
 		st_json_uint(&j, "guard_waits", pg->guard_waits);
@@ -481,6 +486,9 @@ void *hijack_poller(void *arg)
 		st_json_close(&j, '}');
 		st_side_json(buf, j.len);
 		st_ev(ST_EV_DB_HIJACK_REMOVE, 0, pg->page_id, pg->seen);
+		if (pg->untracked)
+			st_warn("hijack: UAR page %#x: %llu doorbell(s) of QPs beyond the poller's %d live QP states were "
+				"forwarded without WQE recovery", pg->page_id, (unsigned long long)pg->untracked, MAX_QPS_PER_PAGE);
 	}
 	hijack_poller_teardown_cuda(pg);
 	st_thread_exit_current();
