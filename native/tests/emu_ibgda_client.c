@@ -34,6 +34,11 @@
  *       process, their numbers reused as the HCA hands them out again
  *       ("CHURN qps=N ok=K" at the end).  With --churn-keep the QPs stay
  *       alive until all N exist (N + 2 live QPs), then all are destroyed.
+ *   --interleave N
+ *       (--pair --verbs-qp) after the checks, N rounds in which both QPs post
+ *       one RDMA WRITE each and ring their registers back to back, then pause
+ *       300 us: with SIGMATRACE_EMU_BFREG=word both ring one register word
+ *       ("INTERLEAVE rounds=N" at the end).
  *   --sigwait
  *       after the set-up (every UAR allocated), the main thread blocks
  *       SIGUSR1, a thread waits for it with sigwait, and the process sends
@@ -63,7 +68,7 @@
 #define CHUNK 1024
 
 static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose, g_verbs;
-static int g_sigwait, g_churn, g_churn_keep;
+static int g_sigwait, g_churn, g_churn_keep, g_interleave;
 static int g_bfalt = -1; /* --bf-alternate: pause (us) after each doorbell on reg itself; -1: off */
 
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
@@ -561,6 +566,26 @@ static int run_churn(struct ep *a, const struct peer_info *pb)
 	return ok != g_churn;
 }
 
+/* ---- --interleave: two QPs ring back to back --------------------------------- */
+static int run_interleaved(struct ep *a, struct ep *b, const struct peer_info *pa, const struct peer_info *pb)
+{
+	for (int i = 0; i < g_interleave; i++) {
+		uint32_t k = (uint32_t)i % 256;
+		uint32_t la = post_write(a, pb, OFF_SRC + k * CHUNK, (uint64_t)k * CHUNK, 64, 1, ST_MLX5_WQE_CTRL_CQ_UPDATE);
+		ring(a, la, 1, (uint16_t)la);
+		uint32_t lb = post_write(b, pa, OFF_SRC + k * CHUNK, (uint64_t)k * CHUNK, 64, 1, ST_MLX5_WQE_CTRL_CQ_UPDATE);
+		ring(b, lb, 1, (uint16_t)lb);
+		g_pend_h = g_pend_t; /* completions handled here */
+		usleep(300);
+		wait_cqe(a, (uint16_t)la);
+		a->done_idx = a->pi;
+		wait_cqe(b, (uint16_t)lb);
+		b->done_idx = b->pi;
+	}
+	printf("INTERLEAVE rounds=%d\n", g_interleave);
+	return 0;
+}
+
 /* ---- --sigwait: a process-directed signal reaches the thread that waits for it */
 static void *sigwait_main(void *arg)
 {
@@ -608,7 +633,8 @@ int main(int argc, char **argv)
 		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' },
 		{ "verbs-qp", no_argument, 0, 'V' }, { "bf-alternate", optional_argument, 0, 'A' },
 		{ "sigwait", no_argument, 0, 'S' }, { "churn", required_argument, 0, 'C' },
-		{ "churn-keep", no_argument, 0, 'K' }, { 0, 0, 0, 0 },
+		{ "churn-keep", no_argument, 0, 'K' },
+		{ "interleave", required_argument, 0, 'I' }, { 0, 0, 0, 0 },
 	};
 	int ch;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -625,6 +651,7 @@ int main(int argc, char **argv)
 		case 'S': g_sigwait = 1; break;
 		case 'C': g_churn = atoi(optarg); break;
 		case 'K': g_churn_keep = 1; break;
+		case 'I': g_interleave = atoi(optarg); break;
 		case 'A': g_bfalt = optarg ? atoi(optarg) : 0; break;
 		default: fprintf(stderr, "usage: see source\n"); return 2;
 		}
@@ -662,6 +689,8 @@ int main(int argc, char **argv)
 		fails += verify_target(&b);
 		if (g_churn && !g_verbs)
 			fails += run_churn(&a, &pb);
+		if (g_interleave && g_verbs)
+			fails += run_interleaved(&a, &b, &pa, &pb);
 		if (g_verbs) { /* the register goes away with the context: closing must not hang or fault */
 			CHECK(!ibv_destroy_qp(a.vqp) && !ibv_destroy_qp(b.vqp), "destroy_qp");
 			/* a QP made after those are gone (it may get their register) */

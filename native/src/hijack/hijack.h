@@ -42,7 +42,8 @@ void *st_hijack_cpu_uar_release(void *app_reg) ST_HIDDEN;
  * the application as QP qpn's BlueFlame register (bf.reg) instead of the real
  * one, in a proxy page shared by the context's QPs whose registers share the
  * real page, or NULL (the QP keeps the real register: switch off, table full,
- * the page watched by the DevX/GPU path, or the word rung by another QP).
+ * the page watched by the DevX/GPU path, or too many QPs sharing the word
+ * with others; a word another QP rings is shared, see cpu_doorbell.c).
  * The caller registers the QP's SQ only when it gets a proxy. */
 #define ST_HIJACK_VERBS_UAR_PAGE 0xFFFFFFFFu /* page_id recorded for such pages */
 void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn) ST_HIDDEN;

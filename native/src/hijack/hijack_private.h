@@ -111,6 +111,8 @@ void hijack_qp_free(struct qp_rec *q) ST_HIDDEN;
 extern uint64_t hijack_qp_table_full ST_HIDDEN; /* QPs not recorded for want of a slot */
 /* The SQ of a QP as (address, is-GPU); under hijack_lock. */
 int hijack_qp_sq(const struct qp_rec *q, uintptr_t *sq, int *gpu) ST_HIDDEN;
+/* The doorbell record of a QP in host memory (0: none known, or in GPU memory); under hijack_lock. */
+uintptr_t hijack_qp_dbr(const struct qp_rec *q) ST_HIDDEN;
 
 /* ---- proxy pages and pollers ---------------------------------------------- */
 struct qpstate {
@@ -126,6 +128,7 @@ struct qpstate {
 	uint32_t pend_oldest; /* producer counter of the oldest of them */
 	uint64_t guard_waits; /* guarded mode: doorbells held until the copies landed */
 	int used;             /* this entry of pg->qs holds a QP (else free for another) */
+	uintptr_t dbr;        /* its doorbell record (host memory; 0 unknown): shared words catch up from it */
 	int known;            /* a QP record was found: log_sq is its ring size */
 	int rung;             /* pi and word hold the last doorbell forwarded */
 	int word;             /* where that came from (watched offset | 0x100 for the GPU proxy) */
@@ -142,6 +145,7 @@ struct pend { /* one doorbell's copied range, waiting for its batch */
 };
 
 #define MAX_QPS_PER_PAGE 256
+#define MAX_SHARERS 64 /* per page: verbs QPs ringing a register word another QP owns */
 #define OWNER_FREE 0xFFFFFFFFu /* a verbs word whose QP was destroyed: the next QP may take it */
 #define MAX_PEND 4096
 #define MAX_BATCH 64
@@ -188,6 +192,17 @@ struct page {
 	void *ctx;                 /* the ibv_context it belongs to (verbs QPs: released at close) */
 	int verbs;                 /* proxies verbs QPs' BlueFlame registers (shared by QPs of ctx) */
 	uint32_t owner[MAX_WATCH]; /* verbs: the QPN that rings each watched word (0: DevX UAR, OWNER_FREE) */
+	/* verbs QPs on a word another QP owns (shared bfregs): their register is
+	 * proxied too, the poller is the only writer of the real word, and it
+	 * catches up from the sharers' doorbell records (under hijack_lock;
+	 * sh_gen, atomic, bumped on every change; the poller copies them) */
+	struct { uint32_t qpn; uint16_t off; } sh[MAX_SHARERS];
+	int nsh;
+	uint32_t sh_gen;
+	struct { uint32_t qpn; uint16_t off; } psh[MAX_SHARERS]; /* poller-private copy */
+	int npsh;
+	uint32_t psh_gen;
+	uint64_t dbr_recovered, dbr_dups; /* doorbells forwarded from a doorbell record; rung again after that */
 	uint32_t sync_seq, sync_ack; /* a full scan + drain requested / done (atomic; QP forgotten) */
 	uint8_t *gproxy;
 	int gwatch;                /* poller scans gproxy (atomic) */

@@ -120,6 +120,11 @@ static void on_doorbell(struct page *pg, int k, int src, uint64_t v)
 		pg->stale++;
 		return;
 	}
+	if (s && s->rung && pg->npsh && (uint16_t)s->pi == pi16 && s->doorbells) {
+		/* a shared word: announced already from the QP's doorbell record */
+		pg->dbr_dups++;
+		return;
+	}
 	uint32_t delta = 0, first = 0;
 	int recover = 0;
 	if (s) {
@@ -256,6 +261,86 @@ static void poller_install(struct page *pg)
 	st_ev(ST_EV_DB_HIJACK_INSTALL, (uint16_t)pg->gpu, pg->page_id, id);
 }
 
+/* ---- shared register words (finding 9) ---------------------------------------
+ * Verbs QPs on one register word (rdma-core's shared bfregs) all ring the same
+ * proxy word: when two ring between two scans the later value hides the
+ * earlier, and that QP's doorbell would never reach the NIC.  Every mlx5
+ * writer stores the doorbell record (SQ counter, BE32 at +4) before ringing,
+ * so the poller reads the records of the word's other QPs and forwards, for
+ * each one that moved past the last index forwarded, a doorbell of its own
+ * (NVSHMEM's form: index = producer index, DS 0, ref §3.3) to that word --
+ * the poller stays the only writer of the real word.  The QP's own value,
+ * seen later with the same index, is then not forwarded again. */
+static void sharers_refresh(struct page *pg)
+{
+	uint32_t g = __atomic_load_n(&pg->sh_gen, __ATOMIC_ACQUIRE);
+	if (g == pg->psh_gen)
+		return;
+	pthread_mutex_lock(&hijack_lock);
+	pg->npsh = pg->nsh;
+	memcpy(pg->psh, pg->sh, sizeof pg->psh[0] * (size_t)pg->nsh);
+	pg->psh_gen = __atomic_load_n(&pg->sh_gen, __ATOMIC_ACQUIRE);
+	pthread_mutex_unlock(&hijack_lock);
+}
+
+static inline uint64_t db_value(uint16_t pi, uint32_t qpn)
+{
+	uint8_t b[8] = {0, (uint8_t)(pi >> 8), (uint8_t)pi, 0, (uint8_t)(qpn >> 16), (uint8_t)(qpn >> 8), (uint8_t)qpn, 0};
+	uint64_t v;
+	memcpy(&v, b, 8);
+	return v;
+}
+
+static int word_index(const struct page *pg, uint16_t off, int noffs)
+{
+	for (int k = 0; k < noffs; k++)
+		if (pg->offs[k] == off)
+			return k;
+	return -1;
+}
+
+/* QP qpn rings word off: forward what its doorbell record announces beyond
+ * the last index forwarded.  1 if something was forwarded. */
+static int dbr_catch_up_qp(struct page *pg, uint32_t qpn, uint16_t off, int noffs)
+{
+	int k = word_index(pg, off, noffs);
+	struct qpstate *s = k < 0 ? NULL : hijack_page_qp(pg, qpn);
+	if (!s || !s->dbr || !s->known)
+		return 0;
+	uint32_t be = __atomic_load_n((const volatile uint32_t *)(s->dbr + 4), __ATOMIC_ACQUIRE);
+	uint16_t pi = (uint16_t)(__builtin_bswap32(be) & 0xffff);
+	uint16_t delta = (uint16_t)(pi - (uint16_t)s->pi);
+	if (!delta || delta > (1u << s->log_sq))
+		return 0;
+	udma_from_device_barrier(); /* the WQEs written before the record, as the NIC would read them */
+	pg->dbr_recovered++;
+	on_doorbell(pg, k, 0, db_value(pi, qpn));
+	return 1;
+}
+
+/* After a change of word k (or idle: k < 0, every shared word): catch up the
+ * QPs of that register (both halves) from their doorbell records. */
+static int dbr_catch_up(struct page *pg, int k)
+{
+	sharers_refresh(pg);
+	if (!pg->npsh)
+		return 0;
+	int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE), n = 0;
+	for (int i = 0; i < pg->npsh; i++) {
+		uint16_t off = pg->psh[i].off;
+		if (k >= 0 && (off & ~0x100) != (pg->offs[k] & ~0x100))
+			continue;
+		n += dbr_catch_up_qp(pg, pg->psh[i].qpn, off, noffs);
+		/* and the owner of the word (both halves: one QP; a second check finds nothing new) */
+		for (int w = 0; w < noffs; w++) {
+			uint32_t who = __atomic_load_n(&pg->owner[w], __ATOMIC_RELAXED); /* set under hijack_lock */
+			if ((pg->offs[w] & ~0x100) == (off & ~0x100) && who && who != OWNER_FREE)
+				n += dbr_catch_up_qp(pg, who, pg->offs[w], noffs);
+		}
+	}
+	return n;
+}
+
 static int scan_words(struct page *pg, const uint8_t *base, uint64_t *last)
 {
 	int n = 0, src = base != pg->proxy;
@@ -266,6 +351,8 @@ static int scan_words(struct page *pg, const uint8_t *base, uint64_t *last)
 			last[k] = v;
 			on_doorbell(pg, k, src, v);
 			n++;
+			if (!src && pg->verbs)
+				n += dbr_catch_up(pg, k);
 		}
 	}
 	return n;
@@ -429,6 +516,11 @@ void *hijack_poller(void *arg)
 			continue;
 		}
 		spins = 0;
+		if (pg->verbs && dbr_catch_up(pg, -1)) { /* a doorbell hidden on a shared word */
+			idle_since = 0;
+			sleep_us = 1;
+			continue;
+		}
 		uint64_t now = st_now_ns();
 		if (!idle_since)
 			idle_since = now;
@@ -481,6 +573,10 @@ void *hijack_poller(void *arg)
 		st_json_uint(&j, "sync_waits", pg->sync_waits);
 		st_json_uint(&j, "guard_waits", pg->guard_waits);
 		st_json_uint(&j, "stale_doorbells", pg->stale);
+		if (pg->verbs) {
+			st_json_uint(&j, "dbr_recovered_doorbells", pg->dbr_recovered);
+			st_json_uint(&j, "dbr_duplicate_doorbells", pg->dbr_dups);
+		}
 		if (pg->cpuproxy)
 			st_json_bool(&j, "cpu_doorbells", 1);
 		st_json_close(&j, '}');

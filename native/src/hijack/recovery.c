@@ -22,8 +22,9 @@ static void qpstate_load(struct qpstate *s, const struct qp_rec *q)
 		s->log_sq = q->log_sq;
 		s->known = 1;
 		s->have_sq = hijack_qp_sq(q, &s->sq, &s->gpu) == 0;
+		s->dbr = hijack_qp_dbr(q);
 	} else
-		s->have_sq = 0;
+		s->have_sq = 0, s->dbr = 0;
 	pthread_mutex_unlock(&hijack_lock);
 }
 
@@ -72,8 +73,9 @@ struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn)
 				s->pi = 0;
 				s->rung = 0;
 				qpstate_load(s, q);
-			} else if (s->have_sq && (!q || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE))) {
-				s->have_sq = 0; /* forgotten (QP destroyed): its SQ may be freed */
+			} else if ((s->have_sq || s->dbr) && (!q || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE))) {
+				s->have_sq = 0; /* forgotten (QP destroyed): its SQ and doorbell record may be freed */
+				s->dbr = 0;
 			} else if (!s->have_sq && q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE)) {
 				qpstate_load(s, q);
 			}

@@ -161,6 +161,14 @@ int hijack_qp_sq(const struct qp_rec *q, uintptr_t *sq, int *gpu)
 	return -1;
 }
 
+uintptr_t hijack_qp_dbr(const struct qp_rec *q)
+{
+	for (int i = 0; i < MAX_UMEMS; i++)
+		if (hijack_umems[i].live && hijack_umems[i].id == q->dbr_umem)
+			return hijack_umems[i].gpu || q->dbr_offset + 8 > hijack_umems[i].size ? 0 : hijack_umems[i].addr + q->dbr_offset;
+	return 0;
+}
+
 /* ---- CUDA provider hooks ------------------------------------------------------------ */
 void st_hijack_on_register(void *p, size_t size, unsigned flags)
 {
