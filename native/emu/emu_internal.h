@@ -26,9 +26,12 @@
  * threads are the ones reported. */
 #if defined(__SANITIZE_THREAD__)
 void __tsan_ignore_thread_begin(void); /* in the runtime; not in every compiler's tsan_interface.h */
+void __tsan_ignore_thread_end(void);
 #define EMU_DEVICE_THREAD() __tsan_ignore_thread_begin()
+#define EMU_DEVICE_THREAD_END() __tsan_ignore_thread_end()
 #else
 #define EMU_DEVICE_THREAD() ((void)0)
+#define EMU_DEVICE_THREAD_END() ((void)0)
 #endif
 
 #define EMU_MAX_QP      4096

@@ -170,6 +170,7 @@ static void *nic_main(void *arg)
 		__atomic_store_n(&nic->inbox->sleeping, 0, __ATOMIC_SEQ_CST);
 		idle = 32; /* a short spin after waking */
 	}
+	EMU_DEVICE_THREAD_END();
 	return NULL;
 }
 

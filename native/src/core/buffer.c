@@ -128,7 +128,7 @@ static int take_next(struct st_thread *t)
 		return -1;
 	}
 free_now:
-	c->kind = ST_CHUNK_EVENTS;
+	__atomic_store_n(&c->kind, ST_CHUNK_EVENTS, __ATOMIC_RELAXED); /* read by the writer: see drain_thread */
 	t->cur = c;
 	t->base = t->pos = (struct st_event *)c->data;
 	t->lim = t->base + chunk_capacity(ST_CHUNK_EVENTS);
@@ -200,7 +200,7 @@ static void agg_spill(struct st_thread *t)
 			return;
 		}
 		struct st_chunk *c = t->cur;
-		c->kind = ST_CHUNK_AGGREGATE;
+		__atomic_store_n(&c->kind, ST_CHUNK_AGGREGATE, __ATOMIC_RELAXED);
 		struct st_aggregate *out = (struct st_aggregate *)c->data;
 		uint32_t k = 0;
 		for (; i < ST_AGG_SLOTS && k < cap; i++) {
