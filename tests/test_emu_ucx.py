@@ -195,6 +195,29 @@ def test_uct_ud_am_lat(fabric, tmp_path, tl, glob):
     assert total(stats, "ud_dropped") == 0, stats
 
 
+@needs_emu
+@pytest.mark.skipif(not Path("/usr/bin/ibv_ud_pingpong").is_file(), reason="/usr/bin/ibv_ud_pingpong not installed")
+@pytest.mark.parametrize("extra", [[], ["-g", "0"]], ids=["lid", "gid"])
+def test_ibv_ud_pingpong(fabric, tmp_path, extra):
+    """What ud_verbs rests on, with plain verbs (ibverbs-utils): UD QPs, address handles by LID or
+    by GID (GRH), receives that start with the 40-byte GRH."""
+    port = free_port()
+    argv = ["/usr/bin/ibv_ud_pingpong", "-p", str(port), "-s", "1024", "-n", "200", *extra]
+    srv = popen(argv, node_env(fabric, 1, tmp_path))
+    with reaped(srv):
+        wait_listen(port, srv)
+        cli = subprocess.run(argv + ["127.0.0.1"], env=node_env(fabric, 2, tmp_path), capture_output=True, text=True,
+                             timeout=30)
+        rc, out, err = finish(srv, 30)
+    assert cli.returncode == 0 and rc == 0, cli.stdout + cli.stderr + out + err
+    assert "200 iters in" in cli.stdout and "200 iters in" in out
+    if extra:
+        assert "GID fe80::" in cli.stdout
+    stats = read_emu_stats(tmp_path)
+    assert_clean(stats)
+    assert total(stats, "ud_received") >= 400 and total(stats, "ud_dropped") == 0, stats
+
+
 # ---------------------------------------------------------------------------
 # UCP level: the rc_mlx5 lanes are wired up over ud_mlx5
 
