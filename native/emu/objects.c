@@ -99,7 +99,7 @@ EXPORT void emu_uar_free(struct emu_nic *nic, struct emu_uar *u)
 			*pp = u->next;
 			break;
 		}
-	if (u->devx)
+	if (u->devx || u->cq_page)
 		__atomic_fetch_sub(&nic->have_devx_uars, 1, __ATOMIC_RELAXED);
 	free(u->page);
 	free(u);
