@@ -330,6 +330,11 @@ struct emu_stats {
 #define EMU_STAT_FIELD(name, what) uint64_t name;
 	EMU_STATS(EMU_STAT_FIELD)
 #undef EMU_STAT_FIELD
+	/* the ground truth a trace is checked against: send-queue WQEs executed, per mlx5 opcode (ref §1.2;
+	 * 5 bits), with their payload bytes (atomics: 8), and receive WQEs consumed by incoming messages */
+	uint64_t wqes_by_opcode[32];
+	uint64_t bytes_by_opcode[32];
+	uint64_t recvs_consumed;
 };
 
 struct emu_nic {
@@ -408,6 +413,7 @@ uint64_t emu_now_ns(void);
 void emu_identity(char *name, size_t n, uint64_t *guid, uint32_t *lid, uint8_t gid[16]);
 const struct emu_nic *emu_config(void);
 void emu_stats_write(struct emu_nic *nic);
+void emu_count_wqe(struct emu_nic *nic, uint32_t opcode, uint64_t bytes);
 
 /* sysfs.c */
 void emu_sysfs_paths(char *ibdev_path, size_t n1, char *dev_path, size_t n2);

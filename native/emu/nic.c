@@ -227,6 +227,18 @@ EXPORT void emu_stats_write(struct emu_nic *nic)
 #define EMU_STAT_JSON(name, what) fprintf(f, ", \"%s\": %llu", #name, (unsigned long long)nic->stats->name);
 	EMU_STATS(EMU_STAT_JSON)
 #undef EMU_STAT_JSON
+	fprintf(f, ", \"recvs_consumed\": %llu", (unsigned long long)nic->stats->recvs_consumed);
+	for (int k = 0; k < 2; k++) {
+		const uint64_t *v = k ? nic->stats->bytes_by_opcode : nic->stats->wqes_by_opcode;
+		fprintf(f, ", \"%s\": {", k ? "bytes_by_opcode" : "wqes_by_opcode");
+		const char *sep = "";
+		for (int op = 0; op < 32; op++)
+			if (v[op]) {
+				fprintf(f, "%s\"0x%02x\": %llu", sep, op, (unsigned long long)v[op]);
+				sep = ", ";
+			}
+		fprintf(f, "}");
+	}
 	fprintf(f, "}\n");
 	if (fclose(f) == 0)
 		rename(tmp, path);

@@ -8,6 +8,15 @@
 
 #include "emu_internal.h"
 
+/* The executed-WQE ground truth (SIGMATRACE_EMU_STATS): counted when a WQE leaves for the wire. */
+EXPORT void emu_count_wqe(struct emu_nic *nic, uint32_t opcode, uint64_t bytes)
+{
+	if (!nic->stats)
+		return;
+	__atomic_fetch_add(&nic->stats->wqes_by_opcode[opcode & 31], 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&nic->stats->bytes_by_opcode[opcode & 31], bytes, __ATOMIC_RELAXED);
+}
+
 /* ---- CQE writing (ref §2.2) ------------------------------------------------ */
 void emu_cq_written(struct emu_cq *cq, uint8_t op_own); /* cq.c: the arm */
 
@@ -360,6 +369,7 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 		h.type = PKT_ATOMIC_REQ;
 		h.flags = PF_FIRST | PF_LAST;
 		h.total = 8;
+		emu_count_wqe(nic, opcode, 8);
 		emu_node_send(qp->peer, &h, NULL, 0, 0);
 		return EXEC_DONE;
 	}
@@ -381,6 +391,7 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 		h.type = PKT_READ_REQ;
 		h.flags = PF_FIRST | PF_LAST;
 		h.total = (uint32_t)total;
+		emu_count_wqe(nic, opcode, total);
 		emu_node_send(qp->peer, &h, NULL, 0, 0);
 		return EXEC_DONE;
 	}
@@ -417,6 +428,7 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 	if (total > (1ull << 31))
 		FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
 	f->byte_len = (uint32_t)total;
+	emu_count_wqe(nic, opcode, total);
 	int is_send = opcode == ST_MLX5_OPCODE_SEND || opcode == ST_MLX5_OPCODE_SEND_IMM || opcode == ST_MLX5_OPCODE_SEND_INVAL;
 	h.type = is_send ? PKT_SEND : PKT_WRITE;
 	h.total = (uint32_t)total;

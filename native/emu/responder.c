@@ -57,12 +57,19 @@ static int check_remote(struct emu_nic *nic, struct emu_qp *qp, uint32_t rkey, u
 }
 
 /* Take the next receive WQE: returns 0 and its index, or -1 (RNR). */
+static void count_recv(struct emu_qp *qp)
+{
+	if (qp->nic && qp->nic->stats)
+		__atomic_fetch_add(&qp->nic->stats->recvs_consumed, 1, __ATOMIC_RELAXED);
+}
+
 static int take_recv(struct emu_qp *qp, uint32_t *wqe, int *from_srq)
 {
 	if (qp->srq) {
 		if (emu_srq_take(qp->srq, wqe))
 			return -1;
 		*from_srq = 1;
+		count_recv(qp);
 		return 0;
 	}
 	if (!qp->rq_wqe_cnt)
@@ -72,6 +79,7 @@ static int take_recv(struct emu_qp *qp, uint32_t *wqe, int *from_srq)
 		return -1;
 	*wqe = qp->rq_ci++;
 	*from_srq = 0;
+	count_recv(qp);
 	return 0;
 }
 
