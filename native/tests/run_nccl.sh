@@ -16,8 +16,10 @@ if command -v nvidia-cuda-mps-control >/dev/null && ! pgrep -x nvidia-cuda-mps >
 fi
 trap '[ "$MPS_STARTED" = 1 ] && echo quit | nvidia-cuda-mps-control || true' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-PYTHONPATH="$ROOT:$ROOT/sim" python3 -m pytest -m gpu tests/test_gpu_nccl.py -q -rs -p no:cacheprovider -s
+rc=0
+PYTHONPATH="$ROOT:$ROOT/sim" python3 -m pytest -m gpu tests/test_gpu_nccl.py -q -rs -p no:cacheprovider -s || rc=$?
 if [ "${BENCH:-1}" != "0" ]; then
   PYTHONPATH="$ROOT:$ROOT/sim" python3 benchmarks/bench_nccl.py --rounds "${ROUNDS:-5}" --iters "${ITERS:-20}" \
-    --out "${OUT:-build/dev}/bench_nccl.json"
+    --out "${OUT:-build/dev}/bench_nccl.json" || rc=$?
 fi
+exit "$rc"
