@@ -31,12 +31,12 @@ def measure(rounds, iters, sizes, warmup=3):
             for mode in order:
                 tmp = Path(d) / f"r{r}-{mode}"
                 tmp.mkdir()
-                rc, out, _, _ = launch(tmp, mode, f"bench{r}{mode or 'u'}",
+                rc, out, _, run_dir = launch(tmp, mode, f"bench{r}{mode or 'u'}",
                                        argv=torchrun_argv(sizes=sizes, iters=iters, warmup=warmup,
                                                           ops=("all_reduce",)))
                 if rc != 0:
                     raise SystemExit(f"launch failed (mode {mode}):\n{out[-3000:]}")
-                for row in ground_truth(out)[0]:
+                for row in ground_truth(run_dir)[0]:
                     if row["rank"] == 0:
                         res[row["bytes"]][str(mode)].append(statistics.median(row["us"]))
     table = {}

@@ -28,12 +28,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--device", type=int, default=int(os.environ.get("SIGMATRACE_NCCL_DEVICE", "0")))
+    ap.add_argument("--gt-dir", help="also write the ground truth to GT_DIR/gt-rank<R>.jsonl (the ranks share "
+                                     "one stdout, where their lines can interleave)")
     a = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dev = torch.device("cuda", a.device)
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", device_id=dev)
     ok = True
+    gt = open(os.path.join(a.gt_dir, f"gt-rank{rank}.jsonl"), "w") if a.gt_dir else None
     for op in a.ops.split(","):
         for size in (int(s) for s in a.sizes.split(",")):
             n = size // 4                     # float32 elements
@@ -48,11 +51,18 @@ def main():
                 ok &= good
                 if not good:
                     print(f"NCCL_BAD {op} {size} rank {rank} iteration {it}", flush=True)
-            print("NCCL_GT " + json.dumps(dict(op=op, bytes=size, iters=a.iters, warmup=a.warmup, rank=rank,
-                                               world=world, us=[round(t, 1) for t in times])), flush=True)
+            row = json.dumps(dict(op=op, bytes=size, iters=a.iters, warmup=a.warmup, rank=rank, world=world,
+                                  us=[round(t, 1) for t in times]))
+            print("NCCL_GT " + row, flush=True)
+            if gt:
+                gt.write(row + "\n")
+                gt.flush()
     dist.barrier()
     dist.destroy_process_group()
     print(f"NCCL_DONE rank {rank} {'OK' if ok else 'BAD'}", flush=True)
+    if gt:
+        gt.write(json.dumps(dict(done=True, rank=rank, ok=ok)) + "\n")
+        gt.close()
     return 0 if ok else 1
 
 
