@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..format import events as E
+from ..schema import NULL_SENTINEL
 from ..tables.host_events import host_events
 
 _SEQ = 7
@@ -204,7 +205,7 @@ def _emit_chunk(arg):
                    ("source", str(ops["source_name"][i]))]
             if ops["doorbell_id"][i] >= 0:
                 ann.append(("producer_index", int(D["producer_index"][ops["doorbell_id"][i]])))
-            if ops["latency_ns"][i] >= 0:
+            if ops["latency_ns"][i] != NULL_SENTINEL:     # known: the op's own completion was recorded
                 ann.append(("latency_ns", int(ops["latency_ns"][i])))
             out.ev(ops["ns"][i], u, P.TrackEvent.TYPE_INSTANT, str(ops["opcode_name"][i]), ann=ann,
                    flows=[fid] if dq >= 0 else None)
