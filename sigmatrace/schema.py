@@ -114,9 +114,9 @@ TABLES = (
           'wr_id int64, status int64, wc_opcode int64, byte_len int64, is_recv bool, tsc uint64, ns int64, '
           'op_id int64, latency_ns int64?',
           parts=True, notes={'op_id': 'matched post or send', 'latency_ns': 'post → this completion; NULL for receives and unmatched completions'}),
-    table('flows', 'matched op (arrow in Perfetto)',
+    table('flows', 'matched op: target QP or, for UCX / libfabric, target process known (arrow in Perfetto)',
           'flow_id int64, op_id int64, kind string, src_ns int64, dst_ns int64, dst_completion_id int64',
-          parts=True, notes={'kind': "send-recv: to the receive completion on the target / op-completion: to the op's own completion / one-sided: no completion recorded", 'src_ns': "= the op's ns", 'dst_completion_id': 'the completion that ends the arrow, -1 for one-sided'}, note="QPs, processes, nodes, bytes and opcode are the op's: `flows JOIN ops USING (op_id)`"),
+          parts=True, notes={'kind': "send-recv: to the receive completion on the target / op-completion: to the op's own completion / one-sided: no completion recorded (UCX / libfabric operations: their completions are not matched)", 'src_ns': "= the op's ns", 'dst_completion_id': 'the completion that ends the arrow, -1 for one-sided'}, note="QPs, processes, nodes, bytes and opcode are the op's: `flows JOIN ops USING (op_id)`"),
     table('barriers', 'barrier instance',
           'barrier int64, series int64, instance int64, participants int64, first_ns int64, last_ns int64, '
           'spread_ns int64, first_participant int64, straggler int64, straggler_rank int64, '

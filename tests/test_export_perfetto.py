@@ -121,7 +121,7 @@ def test_truncated_trace_is_one_time_window(ar_corr, tmp_path):
               or (p.HasField("track_event") and p.track_event.flow_ids)]
     assert starts and max(starts) <= cut
     flows_out = [p.track_event for p in tr.packet if p.HasField("track_event") and p.track_event.flow_ids]
-    assert len(flows_out) == int(((ops["ns"] <= cut) & (ops["dst_qp_id"] >= 0)).sum())
+    assert len(flows_out) == int(((ops["ns"] <= cut) & ops["matched"]).sum())
 
 
 def test_streaming_scan_equals_one_pass(ar_corr, tmp_path, monkeypatch):

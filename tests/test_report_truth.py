@@ -29,3 +29,76 @@ def test_wr_latency_counts_measured_latencies_only(ar_report):
     w = s["wr_latency_ns"]
     assert w["count"] == len(known) and w["max"] == known.max()
     assert w["p50"] == pytest.approx(np.percentile(known, 50)) and w["mean"] == pytest.approx(known.mean())
+
+
+def _hostlib_capture(path):
+    """Three processes: libfabric sends (fi_addr 0 -> the next rank) and UCX puts (endpoint -> the next rank)."""
+    from sigmatrace.format import events as E
+    from sigmatrace.format import layout as L
+    from sigmatrace.format.writer import TraceWriter
+    addr = {0: "a0b1c2d3e4f5a6b7", 1: "1111222233334444", 2: "9999888877776666"}
+    fab = {0: "10.0.0.1:5000", 1: "10.0.0.2:5000", 2: "10.0.0.3:5000"}
+    for rank in range(3):
+        with TraceWriter(str(path / f"h{rank}.{rank}.trace"), 0x100 + rank) as w:
+            w.process(dict(format_version=1, host=f"h{rank}", node_id=f"h{rank}", rank=rank, world_size=3, mode="full",
+                           tsc_hz=1e9, nics=[], gpus=[]))
+            w.thread(1, tid=100 + rank, name="main", role="app")
+            nxt = (rank + 1) % 3
+            rows = [(10, "UCP_WORKER_CREATE", 0, 1, w.side_json({"id": 1, "address_len": 8,
+                                                                 "address_prefix": addr[rank]}), None),
+                    (11, "UCP_EP_CREATE", 0, 7, w.side_json({"id": 7, "worker": 1, "field_mask": "0x1",
+                                                             "remote_address_prefix": addr[nxt] + "00" * 16}), None),
+                    (12, "OFI_ENDPOINT", 0, 3, w.side_json({"id": 3, "provider": "tcp", "ep_type": "rdm",
+                                                            "src_addr": fab[rank], "dest_addr": None}), None),
+                    (13, "OFI_AV_INSERT", 2, 2, w.side_json({"av": 2, "count": 1, "ret": 1, "addrs": [fab[nxt]],
+                                                             "fi_addrs": [0]}), None)]
+            t = 100
+            for k in range(3):
+                rows.append((t, "UCP_PUT", 0, 7, 1000, (0xdead0000 + k, 0, 0, 0x55)))
+                rows.append((t + 5, "OFI_SEND", 0, 3, 64, (0, 0, 0, 0x77)))
+                t += 10
+            rows.append((t, "OFI_SEND", 0, 3, 64, (5, 0, 0, 0x78)))     # fi_addr 5: not in the AV, no peer
+            out = []
+            for tsc, name, aux, obj, arg, ext in rows:
+                out.append((tsc, E.value(name), aux, obj, arg))
+                if ext is not None:
+                    out.append((ext[0], E.EXT, ext[1], ext[2], ext[3]))
+            a = np.zeros(len(out), L.EVENT_DTYPE)
+            for i, r in enumerate(out):
+                a[i] = r
+            w.events(1, a)
+            w.end(dict(reason="exit", events=0, dropped_events=0))
+    return path
+
+
+def test_host_library_ops_get_flows_and_perfetto_draws_them(tmp_path):
+    """libfabric / UCX operations have no QP (dst_qp_id = -1) but a known peer process: each matched one is a
+    flow (one-sided: no peer completion recorded) and an arrow in Perfetto from the issuing thread's track to
+    the target process's track; the unmatched one is drawn without an arrow."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
+    from sigmatrace.export import write_perfetto
+    corr = correlate(_hostlib_capture(tmp_path), workers=1)
+    ops = corr.tables["ops"]
+    assert (ops["qp_id"] == -1).all() and (ops["dst_qp_id"] == -1).all()
+    matched = np.asarray(ops["matched"])
+    assert matched.sum() == 18 and (~matched).sum() == 3
+    fl = corr.tables["flows"]
+    assert sorted(fl["op_id"].tolist()) == np.flatnonzero(matched).tolist()
+    assert set(fl["kind"].tolist()) == {"one-sided"} and (fl["dst_completion_id"] == -1).all()
+    stats = write_perfetto(corr, tmp_path / "t.pftrace")
+    tr = P.Trace()
+    tr.ParseFromString((tmp_path / "t.pftrace").read_bytes())
+    tracks = {p.track_descriptor.uuid: p.track_descriptor for p in tr.packet if p.HasField("track_descriptor")}
+    evs = [p.track_event for p in tr.packet if p.HasField("track_event")]
+    out = [e for e in evs if e.flow_ids]
+    end = [e for e in evs if e.terminating_flow_ids]
+    assert stats["flows"] == len(out) == len(end) == 18
+    assert {f for e in out for f in e.flow_ids} == {f for e in end for f in e.terminating_flow_ids}
+    assert all(tracks[e.track_uuid].HasField("thread") for e in out)       # the issuing thread
+    assert all(tracks[e.track_uuid].HasField("process") for e in end)
+    end_of = {f: e for e in end for f in e.terminating_flow_ids}
+    for e in out:      # the arrow ends on the process its peer annotation names
+        peer = next(a.string_value for a in e.debug_annotations if a.name == "peer")
+        assert tracks[end_of[e.flow_ids[0]].track_uuid].process.process_name.startswith(peer.split(" h")[0] + " @")
+    # every op is drawn, the unmatched ones without an arrow (3 x (3 puts + 4 sends) instants + 18 target ends)
+    assert stats["instants"] == 21 + 18

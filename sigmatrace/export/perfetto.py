@@ -12,7 +12,9 @@ Tracks:
  * counter tracks: bandwidth (GB/s) per GPU, per QP and per node;
  * flow arrows from each matched operation to the peer side (the target QP
    track, at the receive completion, the initiator's completion, or the
-   issue time for one-sided operations).
+   issue time for one-sided operations); UCX / libfabric operations (no QP)
+   are instants on their issuing thread's track, their arrows end on the
+   target process's track.
 Large captures: at most ``max_events`` instants/slices are written (oldest
 first); the cut is reported in the trace (a marker slice) and the summary.
 """
@@ -191,14 +193,28 @@ def _emit_chunk(arg):
             st["instants"] += 1
     else:
         ops, D, labels, qp_uuid, drawn = S["ops"], S["D"], S["labels"], S["qp_uuid"], S["drawn"]
+        thread_uuid, proc_uuid = S["thread_uuid"], S["proc_uuid"]
         flow_base = 1 << 40
         for i in range(lo, hi):
-            u = qp_uuid.get(int(ops["qp_id"][i]))
+            q = int(ops["qp_id"][i])
+            if q >= 0:
+                u = qp_uuid.get(q)
+            else:      # UCX / libfabric: no QP; on the issuing thread's track (its call is the slice there)
+                pr = int(ops["process"][i])
+                u = thread_uuid.get((pr, int(ops["thread"][i]))) or proc_uuid[pr][0]
             if u is None:
                 continue
             dq = int(ops["dst_qp_id"][i])
-            peer = (f"rank {ops['dst_rank'][i]} {labels[ops['dst_node'][i]]} QP {ops['dst_qpn'][i]:#x}"
-                    if dq >= 0 else "unknown")
+            dp = int(ops["dst_process"][i])
+            matched = bool(ops["matched"][i])
+            if dq >= 0:
+                peer = f"rank {ops['dst_rank'][i]} {labels[ops['dst_node'][i]]} QP {ops['dst_qpn'][i]:#x}"
+                dst_u = qp_uuid.get(dq)
+            elif matched and dp >= 0:
+                peer = f"rank {ops['dst_rank'][i]} {labels[ops['dst_node'][i]]}"
+                dst_u = proc_uuid[dp][0]          # the target process (its receiving thread is not known)
+            else:
+                peer, dst_u = "unknown", None
             fid = flow_base + int(drawn[i])
             ann = [("opcode", str(ops["opcode_name"][i])), ("bytes", int(ops["bytes"][i])),
                    ("raddr", f"{int(ops['raddr'][i]):#x}"), ("rkey", f"{int(ops['rkey'][i]):#x}"), ("peer", peer),
@@ -208,12 +224,12 @@ def _emit_chunk(arg):
             if ops["latency_ns"][i] != NULL_SENTINEL:     # known: the op's own completion was recorded
                 ann.append(("latency_ns", int(ops["latency_ns"][i])))
             out.ev(ops["ns"][i], u, P.TrackEvent.TYPE_INSTANT, str(ops["opcode_name"][i]), ann=ann,
-                   flows=[fid] if dq >= 0 else None)
+                   flows=[fid] if matched else None)
             st["instants"] += 1
-            if dq >= 0 and dq in qp_uuid:
+            if matched and dst_u is not None:
                 t_dst = ops["peer_ns"][i] if ops["peer_ns"][i] >= 0 else (
                     ops["complete_ns"][i] if ops["complete_ns"][i] >= 0 else ops["ns"][i])
-                out.ev(t_dst, qp_uuid[dq], P.TrackEvent.TYPE_INSTANT,
+                out.ev(t_dst, dst_u, P.TrackEvent.TYPE_INSTANT,
                        f"{ops['opcode_name'][i]} from rank {ops['rank'][i]}",
                        ann=[("bytes", int(ops["bytes"][i])), ("side", "target")], term=[fid])
                 st["instants"] += 1
