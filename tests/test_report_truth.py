@@ -102,3 +102,84 @@ def test_host_library_ops_get_flows_and_perfetto_draws_them(tmp_path):
         assert tracks[end_of[e.flow_ids[0]].track_uuid].process.process_name.startswith(peer.split(" h")[0] + " @")
     # every op is drawn, the unmatched ones without an arrow (3 x (3 puts + 4 sends) instants + 18 target ends)
     assert stats["instants"] == 21 + 18
+
+
+# ------------------------------------------------------------------------------------------------ bandwidth
+@pytest.fixture(scope="module")
+def moe_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("moe")
+    corr, summary, _ = build_report(FIX / "moe.bin", out, workers=1, perfetto=False, quiet=True)
+    return corr, summary, out
+
+
+def test_bandwidth_rows_are_zero_filled_in_gbps(moe_report):
+    """Every GPU has a row for every bin from the first to the last operation (0 while idle, so a step plot
+    falls to 0 in the gaps), and gbps = bytes / bin_ns: integrated over the bins it gives each GPU's bytes."""
+    from sigmatrace import analysis as A
+    from sigmatrace.query import connect
+    corr, _, out = moe_report
+    con = connect(out)
+    bin_ns = 20_000
+    for level in ("gpu", "node"):
+        rows = A.bandwidth(con, level, bin_ns)
+        by = {}
+        for r in rows:
+            by.setdefault(r[level], []).append(r)
+        grids = {tuple(r["t_ns"] for r in v) for v in by.values()}
+        assert len(grids) == 1                       # one grid for every series
+        grid = next(iter(grids))
+        assert list(np.diff(grid)) == [bin_ns] * (len(grid) - 1)
+        ops = corr.tables["ops"]
+        for k, v in by.items():
+            assert sum(r["gbps"] * bin_ns for r in v) == pytest.approx(int(ops["bytes"][ops[level] == k].sum()))
+            assert all(r["gbps"] == pytest.approx(r["bytes"] / bin_ns) for r in v)
+        assert sum(1 for v in by.values() for r in v if r["bytes"] == 0) > len(by)   # idle bins are rows
+
+
+def _rows(series, bins, bin_ns, gap=()):
+    rows = []
+    for s in range(series):
+        for b in range(bins):
+            rows.append(dict(gpu=s, label=f"gpu{s}", t_ns=1000 + b * bin_ns,
+                             bytes=0 if b in gap else (s + 1) * 1000 * (1 + b % 3)))
+    return rows
+
+
+def test_bandwidth_figure_falls_to_zero_has_units_and_an_outside_legend():
+    from sigmatrace.analysis import figures as F
+    bin_ns = 10_000
+    rows = [r for r in _rows(3, 40, bin_ns, gap=range(10, 30)) if r["bytes"]]    # no rows in the gap at all
+    fig = F.bandwidth_plot(rows, "gpu", "label", "t", bin_ns)
+    ax = fig.axes[0]
+    steps = [p for p in ax.patches if p.get_label().startswith("gpu")]
+    assert len(steps) == 3
+    for p in steps:
+        vals = p.get_data().values
+        assert len(vals) == 40 and (vals[10:30] == 0).all() and (vals[:10] > 0).all()
+    # units: the peak is 3 * 1000 * 3 bytes per 10 µs = 0.9 GB/s -> MB/s, 900
+    assert ax.get_ylabel() == "MB/s posted" and max(p.get_data().values.max() for p in steps) == pytest.approx(900)
+    fig.canvas.draw()
+    leg = ax.get_legend().get_window_extent()
+    assert leg.x0 >= ax.get_window_extent().x1           # right of the axes, never over the data
+    colours = {tuple(p.get_edgecolor()) for p in steps}
+    assert len(colours) == 3
+    F.pyplot().close(fig)
+
+
+def test_bandwidth_figure_many_series_top_and_others():
+    from sigmatrace.analysis import figures as F
+    bin_ns = 10_000
+    fig = F.bandwidth_plot(_rows(128, 20, bin_ns), "gpu", "label", "t", bin_ns)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(labels) == F.TOP_LINES + 2 and labels[0].startswith("gpu127 ")        # the heaviest first
+    assert any(t.startswith("others: 120 GPUs") for t in labels)
+    lines = [p for p in ax.patches if p.get_label().startswith("gpu")]
+    assert len({tuple(p.get_edgecolor()) for p in lines}) == F.TOP_LINES             # all distinguishable
+    F.pyplot().close(fig)
+
+
+def test_report_bandwidth_figures_written(moe_report):
+    _, _, out = moe_report
+    for level in ("gpu", "node"):
+        assert (out / "figures" / f"bandwidth_{level}.png").stat().st_size > 0
