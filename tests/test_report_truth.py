@@ -183,3 +183,69 @@ def test_report_bandwidth_figures_written(moe_report):
     _, _, out = moe_report
     for level in ("gpu", "node"):
         assert (out / "figures" / f"bandwidth_{level}.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------ matrices
+def test_heatmap_scale_from_zero_and_units_per_cell():
+    from sigmatrace.analysis import figures as F
+    m = np.full((4, 4), 1_000_000.0)
+    m[0, 1] = 1_020_000.0                                   # a uniform matrix, one cell 1.02x
+    fig = F.heatmap_plot([f"n{i}" for i in range(4)], m)
+    im = fig.axes[0].images[0]
+    assert im.norm.vmin == 0                                # 1.02x does not look like 10x
+    F.pyplot().close(fig)
+    m = np.zeros((3, 3))
+    m[0, 1], m[1, 2], m[2, 0] = 4, 1_730_000, 28_700
+    fig = F.heatmap_plot(["a", "b", "c"], m)
+    texts = sorted(t.get_text() for t in fig.axes[0].texts)
+    assert texts == ["1.73 MB", "28.7 KB", "4 B"]            # each cell its own unit; no "0.0MB"; no text if 0
+    assert np.ma.is_masked(fig.axes[0].images[0].get_array()[0, 0])    # no traffic: masked (grey), not "0"
+    F.pyplot().close(fig)
+
+
+def test_heatmap_of_128_ranks_has_no_cell_text_and_thinned_ticks():
+    from sigmatrace.analysis import figures as F
+    n = 128
+    m = np.random.default_rng(1).integers(1, 10**6, (n, n)).astype(float)
+    fig = F.heatmap_plot([f"rank{i}" for i in range(n)], m)
+    ax = fig.axes[0]
+    assert not ax.texts
+    assert len(ax.get_xticks()) <= F.MAX_TICKS and len(ax.get_yticks()) <= F.MAX_TICKS
+    w, h = fig.get_size_inches()
+    assert w <= 16 and h <= 14.5
+    F.pyplot().close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ barriers
+def _barrier_rows(parts, instances, late):
+    """``late``: participant index that arrives last at each instance (None: the last index)."""
+    bars, arr = [], []
+    for k in range(instances):
+        first = 1_000_000 * k
+        order = [p for p in range(parts) if p != late[k]] + [late[k]]
+        for pos, p in enumerate(order):
+            arr.append(dict(barrier=k, instance=k, position=pos, label=f"node{p // 4:03d}/gpu{p % 4}@r{p}", rank=p,
+                            gpu=p, node=p // 4, ns=first + 100 * pos, wait_ns=100 * (parts - 1 - pos)))
+        bars.append(dict(barrier=k, first_ns=first, last_ns=first + 100 * (parts - 1), spread_ns=100 * (parts - 1),
+                         participants=parts, straggler_label=arr[-1]["label"]))
+    return bars, arr
+
+
+def test_barrier_figure_at_128_gpus_is_readable_and_names_the_straggler():
+    from sigmatrace.analysis import figures as F
+    late = [77, 5, 77, 77, 9]
+    bars, arr = _barrier_rows(128, 5, late)
+    fig = F.barrier_plot(bars, arr)
+    top, mat = fig.axes[0], fig.axes[1]
+    assert len(mat.get_yticks()) <= F.MAX_TICKS                       # 128 rows, thinned labels
+    assert "most often last: node019/gpu1@r77 (3 of 5 instances)" in mat.get_title()
+    assert fig.legends and "straggler" in fig.legends[0].get_texts()[0].get_text()
+    assert any("last: node019/gpu1@r77" in t.get_text() for t in top.texts)
+    pts = mat.collections[0].get_offsets()                             # the red circles: (instance, row)
+    assert sorted(map(tuple, np.asarray(pts).astype(int).tolist())) == sorted((k, p) for k, p in enumerate(late))
+    F.pyplot().close(fig)
+
+
+def test_report_barrier_figure_written(moe_report):
+    _, _, out = moe_report
+    assert (out / "figures" / "barriers.png").stat().st_size > 0

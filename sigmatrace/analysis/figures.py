@@ -75,40 +75,55 @@ def _legend_outside(ax, **kw):
 
 # ---------------------------------------------------------------------------------------------------------
 # communication matrices
-def heatmap(labels, matrix, path_stem, title="Communication matrix (bytes)", unit="auto"):
-    """Heatmap as PNG and SVG (like Fig. 10); returns the written paths."""
+def heatmap_plot(labels, matrix, title="Communication matrix (bytes)"):
+    """Bytes from the source (row) to the destination (column).  The colour scale starts at zero (so a uniform
+    matrix looks uniform), cells without traffic are grey, values are printed per cell with their own unit up
+    to TEXT_CELLS x TEXT_CELLS; larger matrices get no cell text and every k-th tick label."""
     plt = pyplot()
     m = np.asarray(matrix, np.float64)
-    scale, suffix = 1.0, "B"
-    mx = m.max() if m.size else 0
+    n = len(labels)
+    mx = float(m.max()) if m.size else 0.0
+    scale, unit = 1.0, "B"
     for s, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
         if mx >= s:
-            scale, suffix = s, u
+            scale, unit = s, u
             break
-    n = len(labels)
-    # the figure grows with the matrix up to ~40 rows, then stays at a readable poster size: one pixel block
-    # per cell (nearest), every k-th tick labelled (a 128x128 rank matrix drawn at 0.6 in per cell was a
-    # 9,000-pixel image that took seconds to rasterise)
-    side = min(0.6 * n + 2, 26.0)
-    fig, ax = plt.subplots(figsize=(max(4, side), max(3.5, min(0.55 * n + 1.5, 24.0))))
-    im = ax.imshow(m / scale, cmap="viridis", origin="lower", interpolation="nearest")
-    step = max(1, -(-n // 40))
-    ticks = list(range(0, n, step))
-    fs = 8 if step == 1 and n <= 40 else 6
-    ax.set_xticks(ticks, [labels[i] for i in ticks], rotation=45 if n <= 40 else 90, ha="right" if n <= 40 else "center",
+    # grows with the matrix up to a poster size (one pixel block per cell beyond: a 128 x 128 matrix at 0.6 in per
+    # cell was a 9,000-pixel image that took seconds to rasterise)
+    side = min(0.6 * n + 2.5, 16.0)
+    fig, ax = plt.subplots(figsize=(max(4.5, side), max(3.5, min(0.55 * n + 1.5, 14.5))))
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
+    shown = np.ma.masked_where(m <= 0, m / scale)
+    im = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=max(mx / scale, 1e-12), origin="upper",
+                   interpolation="nearest", aspect="equal")
+    ticks = _ticks(n)
+    big = n > MAX_TICKS
+    fs = 8 if n <= 24 else 7
+    ax.set_xticks(ticks, [labels[i] for i in ticks], rotation=90 if big else 45, ha="center" if big else "right",
                   fontsize=fs)
     ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=fs)
-    ax.set_xlabel("Destination")
-    ax.set_ylabel("Source")
-    ax.set_title(title)
-    fig.colorbar(im, ax=ax, label=f"Traffic ({suffix})")
-    if n <= 16:
+    ax.set_xlabel("destination (target)")
+    ax.set_ylabel("source (initiator)")
+    nz = m[m > 0]
+    sub = (f"{len(nz)} of {n * n} cells with traffic (grey: none); max {fmt_bytes(mx)}, min {fmt_bytes(nz.min())}"
+           if len(nz) else "no traffic")
+    ax.set_title(f"{title}\n{sub}", fontsize=10)
+    fig.colorbar(im, ax=ax, label=f"bytes ({unit}), scale from 0", shrink=0.8)
+    if n <= TEXT_CELLS:
+        rgba = im.to_rgba(shown)
         for i in range(n):
             for j in range(n):
-                if m[i, j]:
-                    ax.text(j, i, f"{m[i, j] / scale:.1f}{suffix}", ha="center", va="center", fontsize=7, color="w")
-    fig.tight_layout()
-    return save(fig, path_stem, dpi=120)
+                if m[i, j] > 0:
+                    r, g, b, _ = rgba[i, j]
+                    dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.55
+                    ax.text(j, i, fmt_bytes(m[i, j]).replace(" ", "\n") if n > 8 else fmt_bytes(m[i, j]),
+                            ha="center", va="center", fontsize=6 if n > 8 else 7, color="w" if dark else "k")
+    return fig
+
+
+def heatmap(labels, matrix, path_stem, title="Communication matrix (bytes)", unit="auto"):
+    """Heatmap as PNG and SVG (like Fig. 10); returns the written paths."""
+    return save(heatmap_plot(labels, matrix, title), path_stem, dpi=120)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -176,26 +191,89 @@ def bandwidth_figure(rows, key, label_key, path_stem, title, bin_ns=None, t0_ns=
 
 # ---------------------------------------------------------------------------------------------------------
 # barriers
-def barrier_figure(arrivals, path_stem):
-    """Barrier ranges (first..last arrival) with each participant's arrival (Fig. 9 style)."""
+def barrier_plot(barriers, arrivals, t0_ns=None):
+    """Two panels.  Top: each barrier instance as a bar from its first to its last arrival on the run's time
+    axis (one row per instance, the straggler named at its end).  Bottom: how late each participant arrives
+    at each instance (time after the instance's first arrival; a matrix, so 128 GPUs stay readable), the last
+    arrival of each instance outlined in red."""
     plt = pyplot()
+    from matplotlib.lines import Line2D
+    bars = sorted(barriers, key=lambda b: (b["first_ns"], b["barrier"]))
+    col = {b["barrier"]: j for j, b in enumerate(bars)}
+    parts = sorted({(a["label"], a["rank"]) for a in arrivals}, key=lambda p: (p[1], p[0]))
+    row = {p[0]: i for i, p in enumerate(parts)}
+    nb, npart = len(bars), len(parts)
+    origin = t0_ns if t0_ns is not None else min(b["first_ns"] for b in bars)
+    h_top = min(0.6 + 0.22 * nb, 6.0)
+    h_bot = min(1.2 + 0.07 * npart, 10.0)
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, h_top + h_bot + 1.4), layout="constrained",
+                                 gridspec_kw=dict(height_ratios=[h_top, h_bot]))
+    spread = np.array([b["spread_ns"] for b in bars], np.float64)
+    cm = plt.get_cmap("plasma")
+    norm = spread.max() if len(spread) and spread.max() > 0 else 1.0
+    for j, b in enumerate(bars):
+        x0 = (b["first_ns"] - origin) / 1e6
+        ax.barh(j, max(b["spread_ns"] / 1e6, 1e-9), left=x0, height=0.7, color=cm(0.15 + 0.7 * b["spread_ns"] / norm))
+        if nb <= 40:
+            ax.text((b["last_ns"] - origin) / 1e6, j, f"  {fmt_ns(b['spread_ns'])}, last: {b['straggler_label']}",
+                    va="center", fontsize=6)
+    ax.set_yticks(_ticks(nb), [f"#{bars[j]['barrier']}" for j in _ticks(nb)], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_ylabel("barrier")
+    ax.set_xlabel("time since the start of the capture (ms)" if t0_ns is not None else "time (ms)")
+    ax.set_title(f"{nb} barrier instance{'s' if nb != 1 else ''}: first .. last arrival (bar), spread and the "
+                 f"last arrival (straggler)", fontsize=10)
+    ax.margins(x=0.25 if nb <= 40 else 0.02)
+    ax.grid(axis="x", alpha=0.25)
+    lat = np.full((npart, nb), np.nan)
+    last = np.zeros((npart, nb), bool)
+    first = {b["barrier"]: b["first_ns"] for b in bars}
+    lastpos = {b["barrier"]: b["participants"] - 1 for b in bars}
+    for a in arrivals:
+        i, j = row[a["label"]], col[a["barrier"]]
+        lat[i, j] = (a["ns"] - first[a["barrier"]]) / 1e3
+        last[i, j] = a["position"] == lastpos[a["barrier"]]
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#eeeeee")
+    im = bx.imshow(np.ma.masked_invalid(lat), cmap=cmap, vmin=0, aspect="auto", interpolation="nearest")
+    li, lj = np.nonzero(last)
+    bx.scatter(lj, li, s=max(16.0, min(40.0, 2000.0 / max(npart, 1))), facecolors="none", edgecolors="red",
+               linewidths=1.3)
+    times_last = np.bincount(li, minlength=npart)
+    worst = int(np.argmax(times_last)) if len(li) else None
+    yt = _ticks(npart)
+    bx.set_yticks(yt, [parts[i][0] for i in yt], fontsize=6)
+    xt = _ticks(nb)
+    bx.set_xticks(xt, [f"#{bars[j]['barrier']}" for j in xt], fontsize=6, rotation=90 if nb > 20 else 0)
+    bx.set_xlabel("barrier (in order of first arrival)")
+    bx.set_ylabel("participant")
+    if worst is None:
+        most = ""
+    elif times_last[worst] > 1:
+        tied = [parts[i][0] for i in np.flatnonzero(times_last == times_last[worst])]
+        most = (f"\nmost often last: {', '.join(tied[:3])}{' …' if len(tied) > 3 else ''} "
+                f"({times_last[worst]} of {nb} instances{' each' if len(tied) > 1 else ''})")
+    else:
+        most = f"\nno participant is last more than once ({nb} instance{'s' if nb != 1 else ''})"
+    bx.set_title(f"arrival after the instance's first arrival (µs); grey: not a participant{most}", fontsize=10)
+    fig.colorbar(im, ax=bx, label="µs after the first arrival", shrink=0.9)
+    fig.legend(handles=[Line2D([], [], ls="", marker="o", mfc="none", mec="red", mew=1.3,
+                               label="last arrival of the instance (straggler)")],
+               loc="outside lower center", fontsize=8, frameon=False)
+    return fig
+
+
+def barrier_figure(arrivals, path_stem, barriers=None, t0_ns=None):
+    """Barrier instances and each participant's arrival (Fig. 9 style); returns the written paths."""
     if not arrivals:
         return []
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    by = {}
-    for a in arrivals:
-        by.setdefault(a["barrier"], []).append(a)
-    t0 = min(a["ns"] for a in arrivals)
-    labels = sorted({a["label"] for a in arrivals})
-    ypos = {l: i for i, l in enumerate(labels)}
-    for bid, lst in by.items():
-        lo = min(a["ns"] for a in lst)
-        hi = max(a["ns"] for a in lst)
-        ax.axvspan((lo - t0) / 1e6, (hi - t0) / 1e6, alpha=0.15, color="tab:red")
-        for a in lst:
-            ax.plot((a["ns"] - t0) / 1e6, ypos[a["label"]], "o", ms=3, color=f"C{a['position'] % 10}")
-    ax.set_yticks(range(len(labels)), labels, fontsize=7)
-    ax.set_xlabel("time (ms)")
-    ax.set_title("Barrier arrivals (shaded: first..last arrival)")
-    fig.tight_layout()
-    return save(fig, path_stem, dpi=110)
+    if barriers is None:      # rebuild the instances from the arrivals alone
+        by = {}
+        for a in arrivals:
+            by.setdefault(a["barrier"], []).append(a)
+        barriers = []
+        for bid, lst in by.items():
+            lo, hi = min(a["ns"] for a in lst), max(a["ns"] for a in lst)
+            lastp = max(lst, key=lambda a: (a["position"], a["ns"]))
+            barriers.append(dict(barrier=bid, first_ns=lo, last_ns=hi, spread_ns=hi - lo, participants=len(lst),
+                                 straggler_label=lastp["label"]))
+    return save(barrier_plot(barriers, arrivals, t0_ns), path_stem, dpi=110)

@@ -116,7 +116,8 @@ def _figures(con, fig_dir, t0_ns=None):
         labels, m, _ = A.comm_matrix(con, level)
         if len(labels) and m.any():
             written += A.heatmap(labels, m, str(fig_dir / f"matrix_{level}"),
-                                 title=f"{level.upper()}-level traffic")
+                                 title=f"{dict(node='Node', rank='Rank', gpu='GPU')[level]}-level traffic "
+                                       f"(bytes initiator → target)")
     span = con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0] or 0
     bin_ns = max(1000, int(span // 200) + 1)
     for level, key, what in (("gpu", "gpu", "GPU"), ("node", "node", "node")):
@@ -126,5 +127,5 @@ def _figures(con, fig_dir, t0_ns=None):
                                           f"Egress bandwidth per {what}", bin_ns=bin_ns, t0_ns=t0_ns, what=what)
     bars, arrivals = A.barrier_report(con)
     if arrivals:
-        written += A.barrier_figure(arrivals, str(fig_dir / "barriers"))
+        written += A.barrier_figure(arrivals, str(fig_dir / "barriers"), barriers=bars, t0_ns=t0_ns)
     return written
