@@ -1,4 +1,4 @@
-"""Analyses (F19, F24e): communication matrices, bandwidth over time, barriers, skew.
+"""Analyses (F19, F24e): communication matrices, bandwidth over time, barriers, skew, latency.
 
 Every analysis is a named SQL query (sigmatrace/query/sql/*.sql) run on DuckDB
 over the correlated tables; the functions here run them and shape the result
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..query import connect, named_queries, run_named
-from .figures import bandwidth_figure, barrier_figure, fmt_bytes, fmt_ns, heatmap
+from .figures import bandwidth_figure, barrier_figure, fmt_bytes, fmt_ns, heatmap, latency_figure
 
 LEVELS = ("node", "rank", "gpu", "qp")
 
@@ -75,3 +75,39 @@ def barrier_report(source):
 def bandwidth(source, level="gpu", bin_ns=1_000_000):
     con = _con(source)
     return _rows(con, f"bandwidth_{level}", bin_ns=int(bin_ns))
+
+
+def named_sql(name):
+    """A named query's text as a subquery (no trailing semicolon)."""
+    return named_queries()[name].strip().rstrip(";")
+
+
+LATENCY_BINS_PER_DECADE = 1000     # 0.23 % wide bins: ~24 ns at 10 µs
+
+
+def op_latency(source, hist=True):
+    """Latency per (operation kind, source, measure) from the named query op_latency (docs/report.md): count,
+    mean, p50, p90, p99, max and, with ``hist``, a histogram of LATENCY_BINS_PER_DECADE log bins per decade
+    [(lo_ns, hi_ns, count), ...] (the figure's CDF; bounded whatever the number of operations)."""
+    con = _con(source)
+    q = named_sql("op_latency")
+    groups = _q(con, f"SELECT kind, source, measure, count(*) AS count, avg(value_ns) AS mean_ns, "
+                     f"quantile_cont(value_ns, 0.5) AS p50_ns, quantile_cont(value_ns, 0.9) AS p90_ns, "
+                     f"quantile_cont(value_ns, 0.99) AS p99_ns, min(value_ns) AS min_ns, max(value_ns) AS max_ns "
+                     f"FROM ({q}) GROUP BY ALL ORDER BY measure, count DESC, kind, source")
+    if hist and groups:
+        k = LATENCY_BINS_PER_DECADE
+        rows = con.execute(f"SELECT kind, source, measure, floor(log10(greatest(value_ns, 1)) * {k})::BIGINT AS b, "
+                           f"count(*) FROM ({q}) GROUP BY ALL ORDER BY kind, source, measure, b").fetchall()
+        by = {}
+        for kind, src, m, b, n in rows:
+            by.setdefault((kind, src, m), []).append((10 ** (b / k), 10 ** ((b + 1) / k), int(n)))
+        for g in groups:
+            g["hist"] = by.get((g["kind"], g["source"], g["measure"]), [])
+    return groups
+
+
+def _q(con, sql):
+    cur = con.execute(sql)
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]

@@ -277,3 +277,52 @@ def barrier_figure(arrivals, path_stem, barriers=None, t0_ns=None):
             barriers.append(dict(barrier=bid, first_ns=lo, last_ns=hi, spread_ns=hi - lo, participants=len(lst),
                                  straggler_label=lastp["label"]))
     return save(barrier_plot(barriers, arrivals, t0_ns), path_stem, dpi=110)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# latency
+def latency_plot(groups):
+    """Distribution per operation kind: ``groups`` = [{kind, source, measure, count, p50_ns, p99_ns, max_ns,
+    hist: [(lo_ns, hi_ns, count), ...]}, ...].  One empirical CDF per (kind, source) and measure, x log-scaled
+    when the values span more than a decade; measured post→completion latencies and issue intervals in
+    separate panels (they are different quantities)."""
+    plt = pyplot()
+    measures = [m for m in ("completion", "interval") if any(g["measure"] == m for g in groups)]
+    fig, axes = plt.subplots(1, len(measures), figsize=(6.2 * len(measures) + 1.5, 3.8), squeeze=False)
+    colours = plt.get_cmap("tab10").colors
+    what = {"completion": ("post → own completion (measured per work request)", "latency"),
+            "interval": ("issue interval: time since the previous operation on the same QP\n(or host thread); in a "
+                         "blocking loop = the iteration time", "interval")}
+    for ax, m in zip(axes[0], measures):
+        gs = [g for g in groups if g["measure"] == m]
+        lo = min(h[0] for g in gs for h in g["hist"])
+        hi = max(h[1] for g in gs for h in g["hist"])
+        styles = ("-", "--", "-.", ":")
+        for c, g in enumerate(gs[:MAX_LINES]):
+            h = np.array(g["hist"], np.float64)
+            x = np.concatenate([[h[0, 0]], h[:, 1]]) / 1e3
+            y = np.concatenate([[0.0], np.cumsum(h[:, 2]) / h[:, 2].sum()])
+            ax.step(x, y, where="post", color=colours[c % 10], ls=styles[c % 4], lw=1.6 if c else 2.2,
+                    label=f"{g['kind']} ({g['source']}): n={g['count']:,}\n  p50 {fmt_ns(g['p50_ns'], 4)}, "
+                          f"p99 {fmt_ns(g['p99_ns'], 4)}, max {fmt_ns(g['max_ns'], 4)}")
+        if hi > 10 * max(lo, 1):
+            ax.set_xscale("log")
+        else:             # a narrow distribution (a micro-benchmark): a window of +-10 % around it, not one bin
+            pad = max(0.1 * hi, hi - lo) / 1e3
+            ax.set_xlim(max(0.0, lo / 1e3 - pad), hi / 1e3 + pad)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel(f"{what[m][1]} (µs)")
+        ax.set_ylabel("fraction of operations ≤ x" if m == "completion" else "fraction of posts ≤ x")
+        ax.set_title(what[m][0], fontsize=9)
+        ax.grid(alpha=0.25)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=7, frameon=False,
+                  ncol=min(2, len(gs[:MAX_LINES])))
+    fig.suptitle("Operation latency per kind (source)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def latency_figure(groups, path_stem):
+    if not groups:
+        return []
+    return save(latency_plot(groups), path_stem, dpi=110)

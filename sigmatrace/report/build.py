@@ -128,4 +128,7 @@ def _figures(con, fig_dir, t0_ns=None):
     bars, arrivals = A.barrier_report(con)
     if arrivals:
         written += A.barrier_figure(arrivals, str(fig_dir / "barriers"), barriers=bars, t0_ns=t0_ns)
+    lat = A.op_latency(con)
+    if lat:
+        written += A.latency_figure(lat, str(fig_dir / "latency"))
     return written
