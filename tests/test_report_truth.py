@@ -305,3 +305,110 @@ def test_latency_figure_panels_and_legend():
     lo, hi = axes[1].get_xlim()
     assert lo < 14.663 and hi > 16.314 and hi - lo < 10          # a window around a narrow distribution
     F.pyplot().close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ terminal summary
+def _text(summary, out="OUT"):
+    import io
+    from sigmatrace.cli.report import print_summary
+    buf = io.StringIO()
+    print_summary(summary, out, file=buf)
+    return buf.getvalue()
+
+
+def test_summary_names_the_most_often_last_straggler(moe_report):
+    """The straggler is who is last most often (node001/gpu3@r7: 5 of 11 instances), not the last arrival of
+    the instance with the worst spread (node000/gpu2@r2, once)."""
+    corr, s, _ = moe_report
+    B = corr.tables["barriers"]
+    labels, counts = np.unique(np.asarray(B["straggler_label"]).astype(str), return_counts=True)
+    want = labels[counts == counts.max()].tolist()
+    m = s["barriers"]["most_often_last"]
+    assert m["labels"] == want == ["node001/gpu3@r7"] and m["times_last"] == counts.max() == 5
+    worst = s["barriers"]["worst"][0]["straggler_label"]
+    assert worst != want[0]
+    text = _text(s)
+    assert f"most often last: node001/gpu3@r7 (5 of {len(B['barrier'])})" in text
+    assert f"last {worst}" in text                       # the worst instance's last arrival, named as such
+
+
+def test_summary_gpu_skew_pairs_once_relative_times(moe_report):
+    corr, s, _ = moe_report
+    text = _text(s)
+    assert "skew (GPUs):" in text and "skew (nodes):" in text
+    sk = s["skew"]["gpu"]
+    assert sk["heaviest_src_label"] in text and sk["heaviest_dst_label"] in text
+    # every unordered pair once, with both directions' bytes
+    pairs = [(r["rank_a"], r["rank_b"]) for r in s["top_pairs"]]
+    assert len(set(frozenset(p) for p in pairs)) == len(pairs) and all(a < b for a, b in pairs)
+    ops = corr.tables["ops"]
+    for r in s["top_pairs"]:
+        ab = int(ops["bytes"][(ops["rank"] == r["rank_a"]) & (ops["dst_rank"] == r["rank_b"])].sum())
+        ba = int(ops["bytes"][(ops["rank"] == r["rank_b"]) & (ops["dst_rank"] == r["rank_a"])].sum())
+        assert (r["a_to_b_bytes"], r["b_to_a_bytes"], r["bytes"]) == (ab, ba, ab + ba)
+    top = s["top_pairs"][0]
+    assert f"rank {top['rank_a']} ({top['node_a']}) ↔ rank {top['rank_b']} ({top['node_b']})" in text
+    import re
+    assert not re.search(r"\d{12,}", text)                # no epoch nanoseconds: times since the start
+    assert "over 1.886 ms" in text and "at +0." in text
+
+
+def test_summary_ring_is_not_skew(ar_report):
+    """The full-mode AllReduce is a ring (each node sends its data to the next, small acknowledgements back):
+    egress/ingress 1.00x; the heaviest pair is 3x the mean over all 12 node pairs (8 idle or tiny) and 2x the
+    mean active pair, but 1.00x the other nodes' heaviest pairs — which the summary leads with."""
+    _, s, _ = ar_report
+    sk = s["skew"]["node"]
+    assert sk["egress_imbalance"] == pytest.approx(1.0) and sk["heaviest_pair_vs_top_pairs"] == pytest.approx(1.0)
+    assert sk["heaviest_pair_vs_mean"] == pytest.approx(3.0, rel=1e-2) and sk["active_pairs"] == 8
+    text = _text(s)
+    assert "8 of 12 node pairs active, each node sends to 2 others" in text
+    assert "= 1.00× the other nodes' heaviest pairs" in text
+
+
+def test_skew_metrics_of_an_even_ring():
+    """A ring of 5 nodes, equal bytes: every skew ratio that compares like with like is 1; only the mean over
+    every pair (idle ones included) gives N-1 = 4."""
+    import duckdb
+    from sigmatrace.query import run_named
+    con = duckdb.connect()
+    n = 5
+    rows = [(s, (s + 1) % n, 1000) for s in range(n)]
+    con.execute("CREATE TABLE ops AS SELECT * FROM (VALUES " + ",".join(f"({a},{b},{c},{a},{b})" for a, b, c in rows)
+                + ") t(node, dst_node, bytes, gpu, dst_gpu)")
+    con.execute(f"CREATE TABLE nodes AS SELECT range AS node FROM range({n})")
+    con.execute(f"CREATE TABLE gpus AS SELECT range AS gpu FROM range({n})")
+    for name in ("skew_node", "skew_gpu"):
+        cur = run_named(con, name)
+        r = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+        assert r["egress_imbalance"] == r["heaviest_pair_vs_top_pairs"] == r["heaviest_pair_vs_active_mean"] == 1
+        assert r["heaviest_pair_vs_mean"] == n - 1 and (r["active_pairs"], r["pairs"]) == (n, n * (n - 1))
+        assert r["min_destinations"] == r["max_destinations"] == 1
+
+
+def test_summary_one_clock_line_for_many_nodes(moe_report):
+    import copy
+    _, s, _ = moe_report
+    s = copy.deepcopy(s)
+    base = s["clock"]["nodes"][0]
+    s["clock"]["nodes"] = [dict(base, node=k, label=f"node{k:03d}") for k in range(32)]
+    s["clock"]["nodes"][5].update(source="tsc_hz", calibration_pairs=0, ptp=False)
+    lines = [ln for ln in _text(s).splitlines() if ln.startswith("  clock")]
+    assert len(lines) == 2, lines                        # the nodes, the refinement
+    assert "31 nodes on CLOCK_REALTIME calibration" in lines[0] and "1 node (node005) on the header's tsc_hz" in lines[0]
+
+
+def test_summary_names_untraced_peers_and_plurals(tmp_path):
+    (tmp_path / "cap").mkdir()
+    corr, s, _ = build_report(_hostlib_capture(tmp_path / "cap"), tmp_path / "out", workers=1, quiet=True,
+                              figures=False, perfetto=False)
+    text = _text(s)
+    assert "→ untraced peers (not in the capture or not resolved)" in text and "rank -1" not in text
+    assert "(es)" not in text and "(s)" not in text and "1 op" in text
+    one = dict(s, processes=1, nodes=["h0"], ranks=[0], events=1, operations=1, operations_matched=1)
+    one["doorbells"] = dict(total=1, recovered=1, coalesced=0, wqes=1)
+    t1 = _text(one)
+    assert "1 process (rank 0) on 1 node, 1 event" in t1 and "1 operation (" in t1 and "1 doorbell (" in t1
+    lost = dict(s, losses=dict(s["losses"], dropped_events=1, lost_bytes=1, wqe_lost_wqebbs=2,
+                               incomplete_processes=[0]))
+    assert "1 dropped event, 1 byte lost from files, 2 WQEBBs unrecovered, 1 incomplete process" in _text(lost)
