@@ -74,8 +74,8 @@ def no_losses(corr):
 def check_perfetto(corr, out, nprocs):
     """Structural checks of OUT/trace.pftrace (the style of tests/test_export_perfetto.py)."""
     P = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
-    tr = P.Trace()
-    tr.ParseFromString((out / "trace.pftrace").read_bytes())
+    from perfetto_util import read_trace
+    tr = read_trace(out / "trace.pftrace")       # interned names resolved
     tracks = {p.track_descriptor.uuid: p.track_descriptor for p in tr.packet if p.HasField("track_descriptor")}
     assert sum(1 for t in tracks.values() if t.HasField("process")) == nprocs
     assert any(t.HasField("thread") for t in tracks.values())

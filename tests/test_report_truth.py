@@ -86,8 +86,8 @@ def test_host_library_ops_get_flows_and_perfetto_draws_them(tmp_path):
     assert sorted(fl["op_id"].tolist()) == np.flatnonzero(matched).tolist()
     assert set(fl["kind"].tolist()) == {"one-sided"} and (fl["dst_completion_id"] == -1).all()
     stats = write_perfetto(corr, tmp_path / "t.pftrace")
-    tr = P.Trace()
-    tr.ParseFromString((tmp_path / "t.pftrace").read_bytes())
+    from perfetto_util import read_trace
+    tr = read_trace(tmp_path / "t.pftrace")
     tracks = {p.track_descriptor.uuid: p.track_descriptor for p in tr.packet if p.HasField("track_descriptor")}
     evs = [p.track_event for p in tr.packet if p.HasField("track_event")]
     out = [e for e in evs if e.flow_ids]
