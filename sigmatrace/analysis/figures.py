@@ -157,7 +157,7 @@ def bandwidth_plot(rows, key, label_key, title, bin_ns, t0_ns=None, what="GPU"):
     origin = t0_ns if t0_ns is not None else int(t[0])
     edges = (np.append(t, t[-1] + bin_ns) - origin) / 1e6          # ms, bin edges
     gbps = {k: v / bin_ns for k, v in series.items()}              # bytes per ns = GB/s
-    order = sorted(gbps, key=lambda k: (-series[k].sum(), str(k[0])))
+    order = sorted(gbps, key=lambda k: (-series[k].sum(), k[0]))       # ties: by id
     many = len(order) > MAX_LINES
     top = order[:TOP_LINES] if many else order
     div, unit = rate_unit(max(v.max() for v in gbps.values()))
