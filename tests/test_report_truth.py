@@ -195,10 +195,10 @@ def test_heatmap_scale_from_zero_and_units_per_cell():
     assert im.norm.vmin == 0                                # 1.02x does not look like 10x
     F.pyplot().close(fig)
     m = np.zeros((3, 3))
-    m[0, 1], m[1, 2], m[2, 0] = 4, 1_730_000, 28_700
+    m[0, 1], m[1, 2], m[2, 0], m[1, 0] = 4, 1_730_000, 28_700, 3_000_000
     fig = F.heatmap_plot(["a", "b", "c"], m)
     texts = sorted(t.get_text() for t in fig.axes[0].texts)
-    assert texts == ["1.73 MB", "28.7 KB", "4 B"]            # each cell its own unit; no "0.0MB"; no text if 0
+    assert texts == ["1.73 MB", "28.7 KB", "3.00 MB", "4 B"]  # each cell its own unit; no "0.0MB"; no text if 0
     assert np.ma.is_masked(fig.axes[0].images[0].get_array()[0, 0])    # no traffic: masked (grey), not "0"
     F.pyplot().close(fig)
 

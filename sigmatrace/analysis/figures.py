@@ -40,7 +40,8 @@ def fmt_bytes(b):
     for u, s in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if abs(b) >= s:
             v = b / s
-            return f"{v:.3g} {u}" if v < 1000 else f"{v:.0f} {u}"
+            txt = f"{v:#.3g}".rstrip(".")                  # 3.00 MB, 28.7 KB, 123 KB
+            return (txt if "e" not in txt else f"{v:.0f}") + f" {u}"
     return f"{int(b)} B"
 
 

@@ -20,7 +20,8 @@ def _fmt_bytes(b):
     for u, sc in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if abs(b) >= sc:
             v = b / sc
-            return f"{v:.3g} {u}" if v < 1000 else f"{v:.0f} {u}"
+            txt = f"{v:#.3g}".rstrip(".")                  # 3.00 MB, 28.7 KB, 123 KB
+            return (txt if "e" not in txt else f"{v:.0f}") + f" {u}"
     return f"{int(b)} B"
 
 
