@@ -339,13 +339,15 @@ def test_summary_gpu_skew_pairs_once_relative_times(moe_report):
     sk = s["skew"]["gpu"]
     assert sk["heaviest_src_label"] in text and sk["heaviest_dst_label"] in text
     # every unordered pair once, with both directions' bytes
-    pairs = [(r["rank_a"], r["rank_b"]) for r in s["top_pairs"]]
+    pairs = [(r["process_a"], r["process_b"]) for r in s["top_pairs"]]
     assert len(set(frozenset(p) for p in pairs)) == len(pairs) and all(a < b for a, b in pairs)
     ops = corr.tables["ops"]
     for r in s["top_pairs"]:
-        ab = int(ops["bytes"][(ops["rank"] == r["rank_a"]) & (ops["dst_rank"] == r["rank_b"])].sum())
-        ba = int(ops["bytes"][(ops["rank"] == r["rank_b"]) & (ops["dst_rank"] == r["rank_a"])].sum())
+        ab = int(ops["bytes"][(ops["process"] == r["process_a"]) & (ops["dst_process"] == r["process_b"])].sum())
+        ba = int(ops["bytes"][(ops["process"] == r["process_b"]) & (ops["dst_process"] == r["process_a"])].sum())
         assert (r["a_to_b_bytes"], r["b_to_a_bytes"], r["bytes"]) == (ab, ba, ab + ba)
+        assert (r["rank_a"], r["rank_b"]) == tuple(int(corr.tables["processes"]["rank"][q]) for q in pairs[0]) \
+            or r is not s["top_pairs"][0]
     top = s["top_pairs"][0]
     assert f"rank {top['rank_a']} ({top['node_a']}) ↔ rank {top['rank_b']} ({top['node_b']})" in text
     import re
@@ -412,3 +414,18 @@ def test_summary_names_untraced_peers_and_plurals(tmp_path):
     lost = dict(s, losses=dict(s["losses"], dropped_events=1, lost_bytes=1, wqe_lost_wqebbs=2,
                                incomplete_processes=[0]))
     assert "1 dropped event, 1 byte lost from files, 2 WQEBBs unrecovered, 1 incomplete process" in _text(lost)
+
+
+def test_summary_pairs_processes_without_ranks(moe_report):
+    """A program without ranks (fi_pingpong: rank -1 on both sides) is still two processes talking: the pair is
+    named by pid, not as 'an untraced process -> untraced peers'."""
+    import copy
+    _, s, _ = moe_report
+    s = copy.deepcopy(s)
+    s["top_pairs"] = [dict(process_a=0, process_b=1, rank_a=-1, rank_b=-1, pid_a=18370, pid_b=18371, node_a="vm",
+                           node_b="vm", bytes=81920, a_to_b_bytes=40960, b_to_a_bytes=40960, ops=82),
+                      dict(process_a=1, process_b=-1, rank_a=-1, rank_b=-1, pid_a=18371, pid_b=None, node_a="vm",
+                           node_b=None, bytes=64, a_to_b_bytes=64, b_to_a_bytes=0, ops=1)]
+    text = _text(s)
+    assert "pid 18370 (vm) ↔ pid 18371 (vm): 81.9 KB (41.0 KB →, 41.0 KB ←) in 82 ops" in text
+    assert "pid 18371 (vm) → untraced peers (not in the capture or not resolved): 64 B in 1 op" in text

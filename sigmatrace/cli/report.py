@@ -153,14 +153,16 @@ def print_summary(s, out, file=None):
                                              f"recovered, {d['coalesced']:,} coalesced)" if d["total"] else "no doorbells"))
     pairs = s.get("top_pairs") or []
     if pairs:
-        p("  top talkers (each rank pair once, both directions):")
+        p("  top talkers (each pair of processes once, both directions):")
+        def who(rank, pid, node):      # a rank, else the process (a program without ranks: fi_pingpong)
+            return f"rank {rank} ({node})" if rank is not None and rank >= 0 else f"pid {pid} ({node})"
         for r in pairs[:5]:
-            a = f"rank {r['rank_a']} ({r['node_a']})" if r["rank_a"] >= 0 else "an untraced process"
-            if r["rank_b"] < 0:
+            a = who(r["rank_a"], r["pid_a"], r["node_a"])
+            if r["process_b"] < 0:
                 p(f"    {a} → untraced peers (not in the capture or not resolved): {_fmt_bytes(r['bytes'])} "
                   f"in {_n(r['ops'], 'op')}")
                 continue
-            b = f"rank {r['rank_b']} ({r['node_b']})"
+            b = who(r["rank_b"], r["pid_b"], r["node_b"])
             if r["a_to_b_bytes"] and r["b_to_a_bytes"]:
                 p(f"    {a} ↔ {b}: {_fmt_bytes(r['bytes'])} ({_fmt_bytes(r['a_to_b_bytes'])} →, "
                   f"{_fmt_bytes(r['b_to_a_bytes'])} ←) in {_n(r['ops'], 'op')}")
