@@ -8,6 +8,9 @@ Producers and consumers read it from here: the correlator names its per-operatio
 Types are Arrow's names: ``int64``, ``uint64``, ``int32``, ``uint32``, ``uint16``, ``double``, ``bool``, and
 ``string`` (written as a dictionary array).  Conventions (docs/schema.md): ``*_ns`` int64 nanoseconds on the
 capture's one time base, ``tsc`` the recording node's raw counter, ids dense indices, ``-1`` unknown.
+A type followed by ``?`` (``latency_ns int64?``) is a *nullable* measurement: unknown is ``-1`` in the
+correlator's numpy columns and NULL in the written tables (and in SQL), so that ``avg`` / ``median`` /
+``quantile`` over the column count only known values (``NULL_SENTINEL``; ``tables.conform`` converts).
 This module imports nothing of the package: every layer may use it.
 """
 from __future__ import annotations
@@ -17,11 +20,15 @@ from dataclasses import dataclass
 TYPES = ("int64", "uint64", "int32", "uint32", "uint16", "double", "bool", "string")
 
 
+NULL_SENTINEL = -1          # a nullable column's "unknown" in the correlator's numpy columns
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
     type: str
     note: str = ""
+    nullable: bool = False    # unknown = NULL in the written tables (NULL_SENTINEL in memory)
 
 
 @dataclass(frozen=True)
@@ -39,11 +46,20 @@ class Table:
     def type_of(self, column):
         return next(c.type for c in self.columns if c.name == column)
 
+    @property
+    def nullable(self):
+        """Names of the nullable columns."""
+        return tuple(c.name for c in self.columns if c.nullable)
+
 
 def table(name, row, spec, parts=False, notes=None, note=None):
-    """A Table from ``spec`` = "column type, column type, ..." and per-column ``notes``."""
+    """A Table from ``spec`` = "column type, column type?, ..." (``?``: nullable) and per-column ``notes``."""
     notes = notes or {}
-    cols = tuple(Column(c, t, notes.get(c, "")) for c, t in (item.split() for item in spec.split(",")))
+    cols = tuple(Column(c, t.rstrip("?"), notes.get(c, ""), t.endswith("?"))
+                 for c, t in (item.split() for item in spec.split(",")))
+    bad = [c.name for c in cols if c.type not in TYPES]
+    if bad:
+        raise ValueError(f"schema of {name}: unknown types for {bad}")
     unknown = set(notes) - {c.name for c in cols}
     if unknown:
         raise ValueError(f"schema of {name}: notes for unknown columns {sorted(unknown)}")
@@ -91,16 +107,16 @@ TABLES = (
           'signaled bool, gpu int64, op_id int64, node int64, rank int64, qpn int64, dst_qp_id int64, '
           'dst_qpn int64, dst_process int64, dst_node int64, dst_rank int64, dst_gpu int64, matched bool, '
           'opcode_name string, source_name string, is_read bool, ns int64, complete_ns int64, '
-          'latency_ns int64, peer_completion int64, peer_ns int64, completion int64',
-          parts=True, notes={'opcode': 'mlx5 code', 'latency_ns': 'post → own completion, F24a', 'peer_ns': 'receive completion on the target'}),
+          'latency_ns int64?, peer_completion int64, peer_ns int64, completion int64',
+          parts=True, notes={'opcode': 'mlx5 code', 'latency_ns': 'post → own completion, F24a; NULL without a recorded completion', 'peer_ns': 'receive completion on the target'}),
     table('completions', 'IBV_WC',
           'completion_id int64, process int64, thread int64, node int64, qp_id int64, qpn int64, '
           'wr_id int64, status int64, wc_opcode int64, byte_len int64, is_recv bool, tsc uint64, ns int64, '
-          'op_id int64, latency_ns int64',
-          parts=True, notes={'op_id': 'matched post or send'}),
-    table('flows', 'matched op (arrow in Perfetto)',
+          'op_id int64, latency_ns int64?',
+          parts=True, notes={'op_id': 'matched post or send', 'latency_ns': 'post → this completion; NULL for receives and unmatched completions'}),
+    table('flows', 'matched op: target QP or, for UCX / libfabric, target process known (arrow in Perfetto)',
           'flow_id int64, op_id int64, kind string, src_ns int64, dst_ns int64, dst_completion_id int64',
-          parts=True, notes={'kind': "send-recv: to the receive completion on the target / op-completion: to the op's own completion / one-sided: no completion recorded", 'src_ns': "= the op's ns", 'dst_completion_id': 'the completion that ends the arrow, -1 for one-sided'}, note="QPs, processes, nodes, bytes and opcode are the op's: `flows JOIN ops USING (op_id)`"),
+          parts=True, notes={'kind': "send-recv: to the receive completion on the target / op-completion: to the op's own completion / one-sided: no completion recorded (UCX / libfabric operations: their completions are not matched)", 'src_ns': "= the op's ns", 'dst_completion_id': 'the completion that ends the arrow, -1 for one-sided'}, note="QPs, processes, nodes, bytes and opcode are the op's: `flows JOIN ops USING (op_id)`"),
     table('barriers', 'barrier instance',
           'barrier int64, series int64, instance int64, participants int64, first_ns int64, last_ns int64, '
           'spread_ns int64, first_participant int64, straggler int64, straggler_rank int64, '
@@ -139,7 +155,8 @@ def markdown():
     """docs/schema.md's table reference (between its ``schema:begin`` / ``schema:end`` markers)."""
     lines = ["| table | one row per | columns (type; note) |", "|---|---|---|"]
     for t in TABLES:
-        cols = ", ".join(f"{c.name} ({c.type}{'; ' + c.note if c.note else ''})" for c in t.columns)
+        cols = ", ".join(f"{c.name} ({c.type}{', nullable' if c.nullable else ''}{'; ' + c.note if c.note else ''})"
+                         for c in t.columns)
         note = f" — {t.note}" if t.note else ""
         lines.append(f"| {t.name}{' (directory of parts)' if t.parts else ''} | {t.row} | {cols}{note} |")
     return "\n".join(lines) + "\n"

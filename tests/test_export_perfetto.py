@@ -8,6 +8,8 @@ from sigmatrace.correlate import correlate
 from sigmatrace.export import write_perfetto
 from sigmatrace.tables import write_tables
 
+from perfetto_util import read_trace
+
 pytestmark = pytest.mark.sim
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -34,8 +36,7 @@ def test_perfetto_structure(corr, tmp_path):
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
     path = tmp_path / "t.pftrace"
     stats = write_perfetto(corr, path)
-    tr = P.Trace()
-    tr.ParseFromString(path.read_bytes())
+    tr = read_trace(path)      # interned names resolved
     tracks = {p.track_descriptor.uuid: p.track_descriptor for p in tr.packet if p.HasField("track_descriptor")}
     names = [t.name for t in tracks.values() if not t.HasField("counter")]
     assert sum(1 for t in tracks.values() if t.HasField("process")) == len(corr.tables["processes"]["process"])
@@ -114,14 +115,13 @@ def test_truncated_trace_is_one_time_window(ar_corr, tmp_path):
     drawn_ops = int((ops["ns"] <= cut).sum())
     assert 0 < drawn_ops < len(ops["ns"]) and stats["slices"] + drawn_ops <= budget + 64     # ties at the cut
     assert len(np.unique(ops["process"][ops["ns"] <= cut])) > 1
-    tr = P.Trace()
-    tr.ParseFromString((tmp_path / "t.pftrace").read_bytes())
+    tr = read_trace(tmp_path / "t.pftrace")
     starts = [p.timestamp for p in tr.packet if p.HasField("track_event")
               and p.track_event.type in (P.TrackEvent.TYPE_SLICE_BEGIN,)
               or (p.HasField("track_event") and p.track_event.flow_ids)]
     assert starts and max(starts) <= cut
     flows_out = [p.track_event for p in tr.packet if p.HasField("track_event") and p.track_event.flow_ids]
-    assert len(flows_out) == int(((ops["ns"] <= cut) & (ops["dst_qp_id"] >= 0)).sum())
+    assert len(flows_out) == int(((ops["ns"] <= cut) & ops["matched"]).sum())
 
 
 def test_streaming_scan_equals_one_pass(ar_corr, tmp_path, monkeypatch):
@@ -166,8 +166,7 @@ def test_chunked_emission_independent_of_workers(ar_corr, tmp_path, monkeypatch)
     assert (tmp_path / "one.pftrace").read_bytes() == (tmp_path / "three.pftrace").read_bytes()
 
     def events(path):
-        tr = P.Trace()
-        tr.ParseFromString(path.read_bytes())
+        tr = read_trace(path)
         seqs = {p.trusted_packet_sequence_id for p in tr.packet}
         evs = sorted((p.timestamp, p.track_event.track_uuid, p.track_event.type, p.track_event.name,
                       tuple(p.track_event.flow_ids), tuple(p.track_event.terminating_flow_ids),
@@ -177,3 +176,50 @@ def test_chunked_emission_independent_of_workers(ar_corr, tmp_path, monkeypatch)
     ev_ref, seq_ref = events(tmp_path / "ref.pftrace")
     ev_one, seq_one = events(tmp_path / "one.pftrace")
     assert ev_ref == ev_one and len(seq_one) > len(seq_ref) > 1
+
+
+def _drawn_bytes(path):
+    """Bytes of the bundles / packets of the drawn events' sequences (all but the tracks-and-counters one)."""
+    import zlib
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
+    from sigmatrace.export import perfetto as PF
+    outer = P.Trace()
+    outer.ParseFromString(Path(path).read_bytes())
+    n = 0
+    for p in outer.packet:
+        inner = [p]
+        if p.HasField("compressed_packets"):
+            t = P.Trace()
+            t.ParseFromString(zlib.decompress(p.compressed_packets))
+            inner = list(t.packet)
+        if any(q.trusted_packet_sequence_id != PF._SEQ for q in inner):
+            n += len(p.SerializeToString()) + 4        # the record's tag and length: at most 4 bytes
+    return n
+
+
+@pytest.mark.parametrize("fixture", ["allreduce_full.bin", "moe.bin"])
+def test_trace_size_per_event(tmp_path, monkeypatch, fixture):
+    """Interned names and deflate bundles: at most 40 B per drawn event (a slice, begin and end, is one event;
+    was ~100-120 B), the same events and annotations as the plain interned trace, which alone is at most 80 B
+    per drawn event; every bundle below 512 KiB (read_trace checks)."""
+    cap = FIX / fixture
+    if not cap.exists():
+        pytest.skip(f"model fixture {fixture} not present")
+    corr = correlate(cap, workers=1)
+    st = write_perfetto(corr, tmp_path / "z.pftrace")
+    monkeypatch.setenv("SIGMATRACE_PERFETTO_COMPRESS", "0")
+    assert write_perfetto(corr, tmp_path / "plain.pftrace") == st
+    drawn = st["slices"] + st["instants"]
+    assert _drawn_bytes(tmp_path / "z.pftrace") / drawn <= 40
+    assert _drawn_bytes(tmp_path / "plain.pftrace") / drawn <= 80
+
+    def content(path):
+        cats = {}
+        tr = read_trace(path, categories=cats)
+        return [(p.trusted_packet_sequence_id, p.timestamp, p.track_event.type, p.track_event.name,
+                 tuple(cats.get(i, ())),
+                 tuple((a.name, a.int_value, a.string_value, a.bool_value) for a in p.track_event.debug_annotations))
+                for i, p in enumerate(tr.packet) if p.HasField("track_event")]
+    z, plain = content(tmp_path / "z.pftrace"), content(tmp_path / "plain.pftrace")
+    assert z == plain and len(z) == drawn + st["slices"] + st["counters"] + 1 - (0 if st["truncated"] else 1)
+    assert {c for e in z for c in e[4]} == {"host", "op"} | ({"doorbell"} if len(corr.tables["doorbells"]["ns"]) else set())

@@ -55,3 +55,36 @@ def test_correlator_columns_come_from_the_schema():
     assert derived.FLOW_COLUMNS == schema.columns("flows")
     assert ops.OPS_COLUMNS == schema.columns("ops")
     assert ops.COMPLETION_COLUMNS == schema.columns("completions")
+
+
+def test_unknown_latency_is_null_in_the_written_tables(tmp_path):
+    """latency_ns is nullable: -1 in the correlator's numpy columns becomes NULL in every written part (the
+    field is OPTIONAL even in a part without any), so SQL aggregates count measured latencies only."""
+    import duckdb
+    assert schema.BY_NAME["ops"].nullable == ("latency_ns",)
+    assert schema.BY_NAME["completions"].nullable == ("latency_ns",)
+    corr = correlate(FIX / "allreduce_full.bin", workers=1)
+    write_tables(corr, tmp_path)
+    for name in ("ops", "completions"):
+        lat = np.asarray(corr.tables[name]["latency_ns"])
+        known = lat[lat != schema.NULL_SENTINEL]
+        assert 0 < len(known) < len(lat), name          # some measured, some not: both cases are checked
+        t = pq.read_table(tmp_path / name)
+        assert t.schema.field("latency_ns").nullable and t.column("latency_ns").null_count == len(lat) - len(known)
+        assert not t.schema.field("op_id" if name == "ops" else "completion_id").nullable
+        got = duckdb.connect().execute(f"SELECT count(latency_ns), avg(latency_ns), median(latency_ns), min(latency_ns) "
+                         f"FROM read_parquet('{tmp_path / name}/*.parquet')").fetchone()
+        assert got[0] == len(known) and abs(got[1] - known.mean()) < 1e-6 * known.mean()
+        assert got[2] == np.median(known) and got[3] >= 0
+    # a table where nothing is known: every value NULL, the field still nullable (one schema for every part)
+    corr = correlate(FIX / "pingpong.bin", workers=1)
+    write_tables(corr, tmp_path / "pp")
+    t = pq.read_table(tmp_path / "pp" / "ops")
+    assert t.schema.field("latency_ns").nullable and t.column("latency_ns").null_count == t.num_rows > 0
+
+
+def test_schema_spec_nullable_marker():
+    t = schema.table("x", "row", "a int64, b int64?, c string")
+    assert [c.nullable for c in t.columns] == [False, True, False] and t.type_of("b") == "int64"
+    with pytest.raises(ValueError, match="unknown types"):
+        schema.table("x", "row", "a int65")

@@ -1,14 +1,15 @@
-"""Analyses (F19, F24e): communication matrices, bandwidth over time, barriers, skew.
+"""Analyses (F19, F24e): communication matrices, bandwidth over time, barriers, skew, latency.
 
 Every analysis is a named SQL query (sigmatrace/query/sql/*.sql) run on DuckDB
 over the correlated tables; the functions here run them and shape the result
-(dense matrices, dicts) and draw the figures (matplotlib, Agg).
+(dense matrices, dicts); ``figures`` draws them (matplotlib, Agg).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..query import connect, run_named
+from ..query import connect, named_queries, run_named
+from .figures import bandwidth_figure, barrier_figure, fmt_bytes, fmt_ns, heatmap, latency_figure
 
 LEVELS = ("node", "rank", "gpu", "qp")
 
@@ -76,97 +77,37 @@ def bandwidth(source, level="gpu", bin_ns=1_000_000):
     return _rows(con, f"bandwidth_{level}", bin_ns=int(bin_ns))
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+def named_sql(name):
+    """A named query's text as a subquery (no trailing semicolon)."""
+    return named_queries()[name].strip().rstrip(";")
 
 
-def _save(fig, path_stem, dpi):
-    """Write the figure as <path_stem>.png and .svg, close it; returns the paths."""
-    fig.tight_layout()
-    out = []
-    for ext in ("png", "svg"):
-        p = f"{path_stem}.{ext}"
-        fig.savefig(p, dpi=dpi)
-        out.append(p)
-    _pyplot().close(fig)
-    return out
+LATENCY_BINS_PER_DECADE = 1000     # 0.23 % wide bins: ~24 ns at 10 µs
 
 
-def heatmap(labels, matrix, path_stem, title="Communication matrix (bytes)", unit="auto"):
-    """Heatmap as PNG and SVG (like Fig. 10); returns the written paths."""
-    plt = _pyplot()
-    m = np.asarray(matrix, np.float64)
-    scale, suffix = 1.0, "B"
-    mx = m.max() if m.size else 0
-    for s, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB")):
-        if mx >= s:
-            scale, suffix = s, u
-            break
-    n = len(labels)
-    # the figure grows with the matrix up to ~40 rows, then stays at a readable poster size: one pixel block
-    # per cell (nearest), every k-th tick labelled (a 128x128 rank matrix drawn at 0.6 in per cell was a
-    # 9,000-pixel image that took seconds to rasterise)
-    side = min(0.6 * n + 2, 26.0)
-    fig, ax = plt.subplots(figsize=(max(4, side), max(3.5, min(0.55 * n + 1.5, 24.0))))
-    im = ax.imshow(m / scale, cmap="viridis", origin="lower", interpolation="nearest")
-    step = max(1, -(-n // 40))
-    ticks = list(range(0, n, step))
-    fs = 8 if step == 1 and n <= 40 else 6
-    ax.set_xticks(ticks, [labels[i] for i in ticks], rotation=45 if n <= 40 else 90, ha="right" if n <= 40 else "center",
-                  fontsize=fs)
-    ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=fs)
-    ax.set_xlabel("Destination")
-    ax.set_ylabel("Source")
-    ax.set_title(title)
-    fig.colorbar(im, ax=ax, label=f"Traffic ({suffix})")
-    if n <= 16:
-        for i in range(n):
-            for j in range(n):
-                if m[i, j]:
-                    ax.text(j, i, f"{m[i, j] / scale:.1f}{suffix}", ha="center", va="center", fontsize=7, color="w")
-    return _save(fig, path_stem, dpi=120)
+def op_latency(source, hist=True):
+    """Latency per (operation kind, source, measure) from the named query op_latency (docs/report.md): count,
+    mean, p50, p90, p99, max and, with ``hist``, a histogram of LATENCY_BINS_PER_DECADE log bins per decade
+    [(lo_ns, hi_ns, count), ...] (the figure's CDF; bounded whatever the number of operations)."""
+    con = _con(source)
+    q = named_sql("op_latency")
+    groups = _q(con, f"SELECT kind, source, measure, count(*) AS count, avg(value_ns) AS mean_ns, "
+                     f"quantile_cont(value_ns, 0.5) AS p50_ns, quantile_cont(value_ns, 0.9) AS p90_ns, "
+                     f"quantile_cont(value_ns, 0.99) AS p99_ns, min(value_ns) AS min_ns, max(value_ns) AS max_ns "
+                     f"FROM ({q}) GROUP BY ALL ORDER BY measure, count DESC, kind, source")
+    if hist and groups:
+        k = LATENCY_BINS_PER_DECADE
+        rows = con.execute(f"SELECT kind, source, measure, floor(log10(greatest(value_ns, 1)) * {k})::BIGINT AS b, "
+                           f"count(*) FROM ({q}) GROUP BY ALL ORDER BY kind, source, measure, b").fetchall()
+        by = {}
+        for kind, src, m, b, n in rows:
+            by.setdefault((kind, src, m), []).append((10 ** (b / k), 10 ** ((b + 1) / k), int(n)))
+        for g in groups:
+            g["hist"] = by.get((g["kind"], g["source"], g["measure"]), [])
+    return groups
 
 
-def bandwidth_figure(rows, key, label_key, path_stem, title):
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    series = {}
-    for r in rows:
-        series.setdefault((r[key], r[label_key]), []).append((r["t_ns"], r["gbps"]))
-    t0 = min((t for s in series.values() for t, _ in s), default=0)
-    for (k, lab), pts in sorted(series.items(), key=lambda x: str(x[0][0])):
-        pts.sort()
-        ax.step([(t - t0) / 1e6 for t, _ in pts], [v for _, v in pts], where="post", label=str(lab))
-    ax.set_xlabel("time (ms)")
-    ax.set_ylabel("GB/s")
-    ax.set_title(title)
-    if len(series) <= 16:
-        ax.legend(fontsize=7)
-    return _save(fig, path_stem, dpi=110)
-
-
-def barrier_figure(arrivals, path_stem):
-    """Barrier ranges (first..last arrival) with each participant's arrival (Fig. 9 style)."""
-    plt = _pyplot()
-    if not arrivals:
-        return []
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    by = {}
-    for a in arrivals:
-        by.setdefault(a["barrier"], []).append(a)
-    t0 = min(a["ns"] for a in arrivals)
-    labels = sorted({a["label"] for a in arrivals})
-    ypos = {l: i for i, l in enumerate(labels)}
-    for bid, lst in by.items():
-        lo = min(a["ns"] for a in lst)
-        hi = max(a["ns"] for a in lst)
-        ax.axvspan((lo - t0) / 1e6, (hi - t0) / 1e6, alpha=0.15, color="tab:red")
-        for a in lst:
-            ax.plot((a["ns"] - t0) / 1e6, ypos[a["label"]], "o", ms=3, color=f"C{a['position'] % 10}")
-    ax.set_yticks(range(len(labels)), labels, fontsize=7)
-    ax.set_xlabel("time (ms)")
-    ax.set_title("Barrier arrivals (shaded: first..last arrival)")
-    return _save(fig, path_stem, dpi=110)
+def _q(con, sql):
+    cur = con.execute(sql)
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]

@@ -16,48 +16,191 @@ from .args import nonneg_int, positive_int
 
 
 def _fmt_bytes(b):
+    """Bytes with a unit chosen per value, three significant digits (1.73 MB, 28.7 KB, 512 B)."""
     b = float(b)
-    for u in ("B", "KB", "MB", "GB", "TB"):
-        if abs(b) < 1000 or u == "TB":
-            return f"{b:.1f} {u}" if u != "B" else f"{int(b)} B"
-        b /= 1000
+    for u, sc in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(b) >= sc:
+            v = b / sc
+            txt = f"{v:#.3g}".rstrip(".")                  # 3.00 MB, 28.7 KB, 123 KB
+            return (txt if "e" not in txt else f"{v:.0f}") + f" {u}"
+    return f"{int(b)} B"
+
+
+def _fmt_ns(ns, digits=3):
+    """A duration with its unit (850 ns, 14.7 µs, 3.20 ms, 1.50 s)."""
+    ns = float(ns)
+    for u, sc in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= sc:
+            return f"{ns / sc:#.{digits}g}".rstrip(".") + f" {u}"
+    return f"{ns:.0f} ns"
+
+
+def _n(k, word, plural=None):
+    """'1 process', '2 processes', '0 barriers'."""
+    k = int(k)
+    return f"{k:,} {word if k == 1 else (plural or word + 's')}"
+
+
+def _ranks(ranks):
+    """'ranks 0–15', 'rank 3', 'ranks 0–3, 8' (consecutive runs collapsed)."""
+    if not ranks:
+        return ""
+    runs, a = [], ranks[0]
+    for x, y in zip(ranks, ranks[1:] + [None]):
+        if y != x + 1:
+            runs.append(f"{a}–{x}" if x > a else f"{a}")
+            a = y
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
+
+
+_CLOCK_SOURCE = {"realtime": "CLOCK_REALTIME calibration", "tai": "CLOCK_TAI calibration",
+                 "tsc_hz": "the header's tsc_hz, no calibration (arbitrary origin)", "none": "no time base"}
+
+
+def _wall(ns):
+    import datetime
+    t = datetime.datetime.fromtimestamp(int(ns) // 1_000_000_000, datetime.timezone.utc)
+    return f"{t:%Y-%m-%d %H:%M:%S}.{int(ns) % 1_000_000_000:09d} UTC"
+
+
+def _skew_line(sk, what, whats, node_labels=None):
+    """One line per level: egress/ingress imbalance, how many pairs carry traffic and the heaviest pair against
+    the other senders' heaviest pairs (an even ring is 1.00x there, however sparse: the mean over every pair,
+    idle ones included, would call it N-1 times the mean)."""
+    if not sk or sk.get("egress_imbalance") is None:
+        return None
+    src = sk.get("heaviest_src_label", sk.get("heaviest_src"))
+    dst = sk.get("heaviest_dst_label", sk.get("heaviest_dst"))
+    act, pairs = sk.get("active_pairs"), sk.get("pairs")
+    lo, hi = sk.get("min_destinations"), sk.get("max_destinations")
+    fan = ""
+    if lo is not None and act is not None and pairs and act < pairs:
+        fan = (f", each {what} sends to {lo} other{'s' if lo != 1 else ''}" if lo == hi else
+               f", {lo}–{hi} destinations per {what}")
+    pat = f"; {act:,} of {_n(pairs, what + ' pair')} active{fan}" if act is not None and pairs else ""
+    rel = []
+    if sk.get("heaviest_pair_vs_active_mean") is not None and act and act > 1:
+        rel.append(f"{sk['heaviest_pair_vs_active_mean']:.2f}× the mean active pair")
+    if sk.get("heaviest_pair_vs_mean") is not None and act is not None and pairs and act < pairs:
+        rel.append(f"{sk['heaviest_pair_vs_mean']:.2f}× the mean over all pairs")
+    top = sk.get("heaviest_pair_vs_top_pairs")
+    head = f"{top:.2f}× the other {whats}' heaviest pairs" if top is not None else ""
+    return (f"  skew ({whats}): egress max/min {sk['egress_imbalance']:.2f}×, ingress "
+            f"{(sk.get('ingress_imbalance') or 0):.2f}×{pat}; heaviest pair {src} → {dst} "
+            f"{_fmt_bytes(sk.get('heaviest_bytes') or 0)}" + (f" = {head}" if head else "")
+            + (f" ({', '.join(rel)})" if rel else ""))
+
+
+def _clock_lines(clock):
+    """One line for every node together (sources, calibration pairs, worst fit residual) and one for the
+    matched-operation refinement; the per-node values are in summary.json."""
+    nodes = clock.get("nodes") or []
+    ref = clock.get("refinement") or {}
+    if not nodes:
+        return []
+    by = {}
+    for n in nodes:
+        by.setdefault(n["source"], []).append(n)
+    parts = []
+    for k, (src, lst) in enumerate(sorted(by.items(), key=lambda kv: -len(kv[1]))):
+        cal = sorted({int(n["calibration_pairs"]) for n in lst})
+        fit = [n["fit_residual_ns"] for n in lst if n.get("fit_residual_ns") is not None and n["calibration_pairs"]]
+        ptp = sum(1 for n in lst if n.get("ptp"))
+        names = "" if k == 0 else (" (" + ", ".join(n["label"] for n in lst[:4]) + (" …" if len(lst) > 4 else "")
+                                   + ")")      # the exceptions named, not the majority
+        detail = []
+        if cal and cal != [0]:
+            detail.append(f"{cal[0]}" + (f"–{cal[-1]}" if len(cal) > 1 else "") + " calibration pairs"
+                          + (" each" if len(lst) > 1 else ""))
+        if fit:
+            detail.append(f"fit residual ≤ {max(fit):.0f} ns")
+        if ptp:
+            detail.append("PTP" if ptp == len(lst) else f"{ptp} with PTP")
+        parts.append(f"{_n(len(lst), 'node')}{names} on {_CLOCK_SOURCE.get(src, src)}"
+                     + (f" ({', '.join(detail)})" if detail else ""))
+    out = ["  clock: " + "; ".join(parts)]
+    refined = [n for n in nodes if n.get("refined")]
+    if refined:
+        off = [n["offset_ns"] / 1e3 for n in refined]
+        res = [n["residual_ns"] for n in refined if n.get("residual_ns") is not None]
+        out.append(f"  clock refinement ({ref.get('method', 'matched-ops')}): applied to {_n(len(refined), 'node')}, "
+                   f"offsets {min(off):+.3f} .. {max(off):+.3f} µs"
+                   + (f", residual ≤ {max(res):.0f} ns" if res else "")
+                   + f", from {ref.get('pairs', 0):,} matched pairs")
+    elif ref:
+        why = ref.get("reason") or ("the calibration agrees with the matched operations"
+                                    if ref.get("method") == "matched-ops" and not ref.get("calibration_disagrees")
+                                    else "the estimate is not tight enough to overrule the calibration")
+        out.append(f"  clock refinement: not applied ({why}; --clock-refine {ref.get('mode', 'auto')})")
+    return out
 
 
 def print_summary(s, out, file=None):
     file = file or sys.stdout
     p = lambda *a: print(*a, file=file)
     tr = s.get("time_range_ns")
+    t0 = tr[0] if tr else None
+    rel = (lambda ns: f"+{(ns - t0) / 1e6:.3f} ms") if t0 is not None else (lambda ns: f"{ns} ns")
     p(f"sigmatrace report → {out}")
-    p(f"  {s['processes']} processes on {len(s['nodes'])} nodes, {s['events']:,} events"
-      + (f", {s['duration_s'] * 1e3:.3f} ms ({tr[0]} .. {tr[1]} ns)" if tr else ""))
-    p(f"  {s['operations']:,} operations ({s['operations_matched']:,} matched to their peer), "
-      f"{_fmt_bytes(s['bytes_total'])}; doorbells {s['doorbells']['total']:,} "
-      f"({s['doorbells']['recovered']:,} with all WQEs recovered, {s['doorbells']['coalesced']:,} coalesced)")
-    if s["top_talkers"]:
-        p("  top talkers:")
-        for r in s["top_talkers"][:5]:
-            p(f"    rank {r['src_rank']} ({r['src_node']}) → rank {r['dst_rank']} ({r['dst_node']}): "
-              f"{_fmt_bytes(r['bytes'])} in {r['ops']:,} ops")
-    sk = s["skew"]["node"]
-    if sk and sk.get("egress_imbalance") is not None:
-        p(f"  skew (nodes): egress max/min {sk['egress_imbalance']:.2f}×, ingress {sk['ingress_imbalance'] or 0:.2f}×, "
-          f"heaviest pair {s['nodes'][sk['heaviest_src']]}→{s['nodes'][sk['heaviest_dst']]} "
-          f"{sk['heaviest_pair_vs_mean']:.2f}× the mean pair")
-    if s["barriers"]["count"]:
-        w = s["barriers"]["worst"][0]
-        p(f"  barriers: {s['barriers']['count']}; worst spread {w['spread_ns'] / 1e3:.1f} µs, straggler {w['straggler_label']}")
+    ranks = s.get("ranks") or []
+    wall = all(n["source"] in ("realtime", "tai") for n in s["clock"]["nodes"]) and s["clock"]["nodes"]
+    p(f"  {_n(s['processes'], 'process', 'processes')}" + (f" ({_ranks(ranks)})" if ranks else "")
+      + f" on {_n(len(s['nodes']), 'node')}, {_n(s['events'], 'event')}"
+      + (f" over {_fmt_ns(tr[1] - tr[0], 4)}" + (f", from {_wall(t0)}" if wall else "") if tr else "")
+      + (" (times below: since this start)" if tr else ""))
+    d = s["doorbells"]
+    p(f"  {_n(s['operations'], 'operation')} ({s['operations_matched']:,} matched to their peer), "
+      f"{_fmt_bytes(s['bytes_total'])}; " + (f"{_n(d['total'], 'doorbell')} ({d['recovered']:,} with all WQEs "
+                                             f"recovered, {d['coalesced']:,} coalesced)" if d["total"] else "no doorbells"))
+    pairs = s.get("top_pairs") or []
+    if pairs:
+        p("  top talkers (each pair of processes once, both directions):")
+        def who(rank, pid, node):      # a rank, else the process (a program without ranks: fi_pingpong)
+            return f"rank {rank} ({node})" if rank is not None and rank >= 0 else f"pid {pid} ({node})"
+        for r in pairs[:5]:
+            a = who(r["rank_a"], r["pid_a"], r["node_a"])
+            if r["process_b"] < 0:
+                p(f"    {a} → untraced peers (not in the capture or not resolved): {_fmt_bytes(r['bytes'])} "
+                  f"in {_n(r['ops'], 'op')}")
+                continue
+            b = who(r["rank_b"], r["pid_b"], r["node_b"])
+            if r["a_to_b_bytes"] and r["b_to_a_bytes"]:
+                p(f"    {a} ↔ {b}: {_fmt_bytes(r['bytes'])} ({_fmt_bytes(r['a_to_b_bytes'])} →, "
+                  f"{_fmt_bytes(r['b_to_a_bytes'])} ←) in {_n(r['ops'], 'op')}")
+            else:               # one direction only: that arrow
+                x, y = (a, b) if r["a_to_b_bytes"] or not r["b_to_a_bytes"] else (b, a)
+                p(f"    {x} → {y}: {_fmt_bytes(r['bytes'])} in {_n(r['ops'], 'op')}")
+    for level, what, whats in (("node", "node", "nodes"), ("gpu", "GPU", "GPUs")):
+        line = _skew_line(s["skew"].get(level), what, whats)
+        if line:
+            p(line)
+    B = s["barriers"]
+    if B["count"]:
+        w = B["worst"][0]
+        m = B.get("most_often_last")
+        if m and m["times_last"] > 1:
+            who = (f"most often last: {', '.join(m['labels'][:3])}{' …' if len(m['labels']) > 3 else ''} "
+                   f"({m['times_last']} of {B['count']}{' each' if not m['unique'] else ''})")
+        else:
+            who = "no participant is last more than once"
+        p(f"  barriers: {_n(B['count'], 'instance')}; {who}; worst spread {_fmt_ns(w['spread_ns'])} "
+          f"(#{w['barrier']} at {rel(w['first_ns'])}, last {w['straggler_label']})")
+    lat = s.get("latency") or []
+    if lat:
+        what = {"completion": "post → completion", "interval": "issue interval"}
+        p("  op timing: " + "; ".join(
+            f"{g['kind']} ({g['source']}) {what.get(g['measure'], g['measure'])} p50 {_fmt_ns(g['p50_ns'], 4)}, "
+            f"p99 {_fmt_ns(g['p99_ns'], 4)} (n={g['count']:,})" for g in lat[:3])
+          + (f"; {len(lat) - 3} more in summary.json" if len(lat) > 3 else ""))
     L = s["losses"]
-    p(f"  drops/losses: {L['dropped_events']:,} dropped events, {L['lost_bytes']:,} bytes lost from files, "
-      f"{L['wqe_lost_wqebbs']:,} WQEBBs unrecovered, {len(L['incomplete_processes'])} incomplete process(es)")
-    for n in s["clock"]["nodes"]:
-        res = n.get("residual_ns")
-        # The matched-op residual only describes the clock when the refinement
-        # was applied; otherwise the calibration pairs set the time base and the
-        # matched-op estimate (loose one-sided bounds) is kept in summary.json.
-        p(f"  clock {n['label']}: {n['source']} ({n['calibration_pairs']} pairs"
-          + (f", fit residual {n['fit_residual_ns']:.0f} ns" if n.get("fit_residual_ns") is not None else "") + ")"
-          + (f", refined from {n['refine_pairs']} matched ops {n['offset_ns'] / 1e3:+.3f} µs "
-             f"{n['drift_ppm']:+.2f} ppm, residual {res:.0f} ns" if n["refined"] and res is not None else ""))
+    inc = len(L["incomplete_processes"])
+    if not (L["dropped_events"] or L["lost_bytes"] or L["wqe_lost_wqebbs"] or inc):
+        p("  drops/losses: none (no dropped events, no bytes lost from files, no WQEBB lost, every process complete)")
+    else:
+        p(f"  drops/losses: {_n(L['dropped_events'], 'dropped event')}, {_n(L['lost_bytes'], 'byte')} lost from "
+          f"files, {_n(L['wqe_lost_wqebbs'], 'WQEBB')} unrecovered, {_n(inc, 'incomplete process', 'incomplete processes')}")
+    for line in _clock_lines(s["clock"]):
+        p(line)
     for w in s["warnings"][:20]:
         p(f"  warning: {w}")
     if len(s["warnings"]) > 20:

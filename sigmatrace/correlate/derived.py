@@ -38,9 +38,13 @@ FLOW_KINDS = ["send-recv", "op-completion", "one-sided"]
 
 
 def build_flows(out):
-    """One flow per matched op, computed per row range from the ops table (only the op index is kept)."""
+    """One flow per matched op, computed per row range from the ops table (only the op index is kept).
+
+    Matched: the target is known — the remote QP for verbs / GPU operations, the peer process for UCX and
+    libfabric operations (no QP, ``dst_qp_id`` = -1; their peer completions are not recorded, so their
+    flows are one-sided: the arrow ends on the target process at the issue time)."""
     ops = out.tables["ops"]
-    m = np.flatnonzero(ops.rows(None, ("dst_qp_id",))["dst_qp_id"] >= 0)
+    m = np.flatnonzero(ops.rows(None, ("matched",))["matched"])
     nf = len(m)
     names = ("ns", "peer_ns", "complete_ns", "peer_completion", "completion")
 

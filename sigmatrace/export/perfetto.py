@@ -12,15 +12,21 @@ Tracks:
  * counter tracks: bandwidth (GB/s) per GPU, per QP and per node;
  * flow arrows from each matched operation to the peer side (the target QP
    track, at the receive completion, the initiator's completion, or the
-   issue time for one-sided operations).
+   issue time for one-sided operations); UCX / libfabric operations (no QP)
+   are instants on their issuing thread's track, their arrows end on the
+   target process's track.
 Large captures: at most ``max_events`` instants/slices are written (oldest
 first); the cut is reported in the trace (a marker slice) and the summary.
+Size (docs/report.md, "Perfetto trace size"): names, categories, annotation
+names and small-vocabulary values interned per packet sequence; packets
+written in deflate bundles (TracePacket.compressed_packets).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..format import events as E
+from ..schema import NULL_SENTINEL
 from ..tables.host_events import host_events
 
 _SEQ = 7
@@ -110,8 +116,69 @@ def _fork_ok():
     return "fork" in mp.get_all_start_methods()
 
 
+# Debug-annotation values drawn from a small vocabulary, interned like the names (a raddr is not: nearly unique).
+_INTERN_VALUES = frozenset(("opcode", "peer", "source", "side", "rkey"))
+# Packets are written in deflate bundles (TracePacket.compressed_packets, as traced writes them with compression
+# on; trace_processor and ui.perfetto.dev expand them): at most this many uncompressed bytes per bundle, so that
+# every bundle stays below the 512 KiB a compressed_packets TracePacket may have.  SIGMATRACE_PERFETTO_COMPRESS=0
+# writes the packets plain (for readers of the raw protos that do not expand bundles).
+_BUNDLE_BYTES = 480_000
+_ZLIB_LEVEL = 6
+
+
+def _compress():
+    import os
+    return os.environ.get("SIGMATRACE_PERFETTO_COMPRESS", "1") not in ("0", "no", "off", "")
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _deflated(packets):
+    """Serialized Trace.packet records -> one Trace.packet record TracePacket{compressed_packets: zlib(them)}."""
+    import zlib
+    z = zlib.compress(packets, _ZLIB_LEVEL)
+    inner = b"\x92\x03" + _varint(len(z)) + z          # TracePacket field 50 (compressed_packets), bytes
+    return b"\x0a" + _varint(len(inner)) + inner         # Trace field 1 (packet)
+
+
+def _bundle(data, ends, compress):
+    """``data`` = serialized Trace.packet records ending at the offsets ``ends``: as they are, or cut at packet
+    boundaries into bundles of at most _BUNDLE_BYTES (a larger packet alone), each deflated into one
+    compressed_packets record."""
+    if not compress or not data:
+        return data
+    out, start, prev = [], 0, 0
+    for e in ends:
+        if e - start > _BUNDLE_BYTES and prev > start:
+            out.append(_deflated(data[start:prev]))
+            start = prev
+        prev = e
+    if prev > start:
+        out.append(_deflated(data[start:prev]))
+    return b"".join(out)
+
+
 class _Packets:
-    """TracePackets of one sequence written through perfetto's StreamingTraceProtoBuilder into a buffer."""
+    """TracePackets of one sequence written through perfetto's StreamingTraceProtoBuilder into a buffer.
+
+    Event names, categories, debug-annotation names and the small-vocabulary annotation values are interned
+    (Perfetto's incremental state): the first packet clears the sequence's state
+    (SEQ_INCREMENTAL_STATE_CLEARED); a string's first use on the sequence carries it in that packet's
+    ``interned_data`` with the next iid, every later use only the iid, and every packet that refers to an iid
+    says so (SEQ_NEEDS_INCREMENTAL_STATE).  Each sequence interns on its own, in emission order, so a chunk's
+    bytes do not depend on which process emits it."""
+
+    _TABLES = ("event_names", "event_categories", "debug_annotation_names", "debug_annotation_string_values")
 
     def __init__(self, seq):
         import io
@@ -121,42 +188,80 @@ class _Packets:
         self.buf = io.BytesIO()
         self.b = StreamingTraceProtoBuilder(self.buf)
         self.seq = seq
+        self.iids = {t: {} for t in self._TABLES}
+        self.ends = []            # offset in buf after each packet (bundles are cut there)
         first = self.packet()
         first.sequence_flags = P.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-        self.b.write_packet(first)
+        self.write(first)
 
     def packet(self):
         p = self.b.create_packet()
         p.trusted_packet_sequence_id = self.seq
         return p
 
-    def ev(self, ts, uuid, typ, name=None, ann=None, flows=None, term=None, value=None):
+    def write(self, p):
+        self.b.write_packet(p)
+        self.ends.append(self.buf.tell())
+
+    def take(self, compress):
+        """The bytes written so far (plain or in deflate bundles); the buffer starts empty again."""
+        data = _bundle(self.buf.getvalue(), self.ends, compress)
+        self.buf.seek(0)
+        self.buf.truncate()
+        self.ends = []
+        return data
+
+    def _iid(self, p, table, s):
+        ids = self.iids[table]
+        iid = ids.get(s)
+        if iid is None:
+            iid = ids[s] = len(ids) + 1
+            e = getattr(p.interned_data, table).add()
+            e.iid = iid
+            if table == "debug_annotation_string_values":
+                e.str = s.encode()
+            else:
+                e.name = s
+        return iid
+
+    def ev(self, ts, uuid, typ, name=None, ann=None, flows=None, term=None, value=None, cat=None):
         p = self.packet()
         p.timestamp = int(ts)
         te = p.track_event
         te.type = typ
         te.track_uuid = uuid
+        interned = False
+        if cat is not None:
+            te.category_iids.append(self._iid(p, "event_categories", cat))
+            interned = True
         if name is not None:
-            te.name = name
+            te.name_iid = self._iid(p, "event_names", name)
+            interned = True
         if ann:
+            interned = True
             for k, v in ann:
                 d = te.debug_annotations.add()
-                d.name = k
+                d.name_iid = self._iid(p, "debug_annotation_names", k)
                 if isinstance(v, str):
-                    d.string_value = v
+                    if k in _INTERN_VALUES:
+                        d.string_value_iid = self._iid(p, "debug_annotation_string_values", v)
+                    else:
+                        d.string_value = v
                 elif isinstance(v, (bool, np.bool_)):
                     d.bool_value = bool(v)
                 elif isinstance(v, (int, np.integer)):
                     d.int_value = int(v) if -(1 << 63) <= int(v) < (1 << 63) else 0
                 else:
                     d.double_value = float(v)
+        if interned:
+            p.sequence_flags = self.P.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
         if flows:
             te.flow_ids.extend(int(x) for x in flows)
         if term:
             te.terminating_flow_ids.extend(int(x) for x in term)
         if value is not None:
             te.double_counter_value = float(value)
-        self.b.write_packet(p)
+        self.write(p)
 
 
 def _emit_chunk(arg):
@@ -174,7 +279,7 @@ def _emit_chunk(arg):
             if u is None:
                 u = S["proc_uuid"][int(ev_t["process"][i])][0]
             nm = names[min(int(ev_t["type"][i]), len(names) - 1)]
-            out.ev(ev_t["ns"][i], u, P.TrackEvent.TYPE_SLICE_BEGIN, nm,
+            out.ev(ev_t["ns"][i], u, P.TrackEvent.TYPE_SLICE_BEGIN, nm, cat="host",
                    ann=[("obj", int(ev_t["obj"][i])), ("aux", int(ev_t["aux"][i])), ("arg", int(ev_t["arg"][i]))])
             out.ev(ev_t["ns"][i] + dur[i], u, P.TrackEvent.TYPE_SLICE_END)
             st["slices"] += 1
@@ -183,41 +288,55 @@ def _emit_chunk(arg):
         for i in S["dbs"][lo:hi].tolist():
             g = int(D["gpu"][i])
             u = S["gpu_uuid"].get(g) or S["qp_uuid"].get(int(D["qp_id"][i])) or S["proc_uuid"][int(D["process"][i])][0]
-            out.ev(D["ns"][i], u, P.TrackEvent.TYPE_INSTANT, "doorbell",
+            out.ev(D["ns"][i], u, P.TrackEvent.TYPE_INSTANT, "doorbell", cat="doorbell",
                    ann=[("qpn", int(D["qpn"][i])), ("producer_index", int(D["producer_index"][i])),
                         ("wqes", int(D["wqes"][i])), ("wqebbs", int(D["delta_wqebbs"][i])),
                         ("recovered", bool(D["complete"][i]))])
             st["instants"] += 1
     else:
         ops, D, labels, qp_uuid, drawn = S["ops"], S["D"], S["labels"], S["qp_uuid"], S["drawn"]
+        thread_uuid, proc_uuid = S["thread_uuid"], S["proc_uuid"]
         flow_base = 1 << 40
         for i in range(lo, hi):
-            u = qp_uuid.get(int(ops["qp_id"][i]))
+            q = int(ops["qp_id"][i])
+            if q >= 0:
+                u = qp_uuid.get(q)
+            else:      # UCX / libfabric: no QP; on the issuing thread's track (its call is the slice there)
+                pr = int(ops["process"][i])
+                u = thread_uuid.get((pr, int(ops["thread"][i]))) or proc_uuid[pr][0]
             if u is None:
                 continue
             dq = int(ops["dst_qp_id"][i])
-            peer = (f"rank {ops['dst_rank'][i]} {labels[ops['dst_node'][i]]} QP {ops['dst_qpn'][i]:#x}"
-                    if dq >= 0 else "unknown")
+            dp = int(ops["dst_process"][i])
+            matched = bool(ops["matched"][i])
+            if dq >= 0:
+                peer = f"rank {ops['dst_rank'][i]} {labels[ops['dst_node'][i]]} QP {ops['dst_qpn'][i]:#x}"
+                dst_u = qp_uuid.get(dq)
+            elif matched and dp >= 0:
+                peer = f"rank {ops['dst_rank'][i]} {labels[ops['dst_node'][i]]}"
+                dst_u = proc_uuid[dp][0]          # the target process (its receiving thread is not known)
+            else:
+                peer, dst_u = "unknown", None
             fid = flow_base + int(drawn[i])
             ann = [("opcode", str(ops["opcode_name"][i])), ("bytes", int(ops["bytes"][i])),
                    ("raddr", f"{int(ops['raddr'][i]):#x}"), ("rkey", f"{int(ops['rkey'][i]):#x}"), ("peer", peer),
                    ("source", str(ops["source_name"][i]))]
             if ops["doorbell_id"][i] >= 0:
                 ann.append(("producer_index", int(D["producer_index"][ops["doorbell_id"][i]])))
-            if ops["latency_ns"][i] >= 0:
+            if ops["latency_ns"][i] != NULL_SENTINEL:     # known: the op's own completion was recorded
                 ann.append(("latency_ns", int(ops["latency_ns"][i])))
-            out.ev(ops["ns"][i], u, P.TrackEvent.TYPE_INSTANT, str(ops["opcode_name"][i]), ann=ann,
-                   flows=[fid] if dq >= 0 else None)
+            out.ev(ops["ns"][i], u, P.TrackEvent.TYPE_INSTANT, str(ops["opcode_name"][i]), cat="op", ann=ann,
+                   flows=[fid] if matched else None)
             st["instants"] += 1
-            if dq >= 0 and dq in qp_uuid:
+            if matched and dst_u is not None:
                 t_dst = ops["peer_ns"][i] if ops["peer_ns"][i] >= 0 else (
                     ops["complete_ns"][i] if ops["complete_ns"][i] >= 0 else ops["ns"][i])
-                out.ev(t_dst, qp_uuid[dq], P.TrackEvent.TYPE_INSTANT,
+                out.ev(t_dst, dst_u, P.TrackEvent.TYPE_INSTANT, cat="op", name=
                        f"{ops['opcode_name'][i]} from rank {ops['rank'][i]}",
                        ann=[("bytes", int(ops["bytes"][i])), ("side", "target")], term=[fid])
                 st["instants"] += 1
                 st["flows"] += 1
-    return out.buf.getvalue(), st
+    return out.take(_compress()), st
 
 
 def write_perfetto(corr, path, max_events=500_000, bins=400):
@@ -234,10 +353,10 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
         uuid_ctr[0] += 1
         return uuid_ctr[0]
 
+    compress = _compress()
+
     def flush():
-        f.write(main.buf.getvalue())
-        main.buf.seek(0)
-        main.buf.truncate()
+        f.write(main.take(compress))
 
     def track(uuid, name=None, parent=None, process=None, thread=None, counter=False, unit=None):
         p = main.packet()
@@ -255,7 +374,7 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
             td.counter.SetInParent()
             if unit:
                 td.counter.unit_name = unit
-        main.b.write_packet(p)
+        main.write(p)
         stats["tracks"] += 1
 
     Pt = T["processes"]

@@ -154,21 +154,35 @@ def _write_report(files, capture, out, workers, perfetto, figures, quiet, clock_
     return corr, summary, timings
 
 
-def _figures(con, fig_dir):
+def _figures(con, fig_dir, t0_ns=None):
+    """Every figure of the report (docs/report.md, "Figures"); times relative to ``t0_ns``, the capture's start
+    (summary.json's time_range_ns next to ``fig_dir`` when not given), like the terminal summary."""
     fig_dir.mkdir(parents=True, exist_ok=True)
+    if t0_ns is None:
+        import json
+        try:
+            tr = json.loads((fig_dir.parent / "summary.json").read_text()).get("time_range_ns")
+            t0_ns = int(tr[0]) if tr else None
+        except (OSError, ValueError):
+            t0_ns = None
     written = []
     for level in ("node", "rank", "gpu"):
         labels, m, _ = A.comm_matrix(con, level)
         if len(labels) and m.any():
-            written += A.heatmap(labels, m, str(fig_dir / f"matrix_{level}"), title=f"{level.upper()}-level traffic")
+            written += A.heatmap(labels, m, str(fig_dir / f"matrix_{level}"),
+                                 title=f"{dict(node='Node', rank='Rank', gpu='GPU')[level]}-level traffic "
+                                       f"(bytes initiator → target)")
     span = con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0] or 0
     bin_ns = max(1000, int(span // 200) + 1)
-    for level, key, lab in (("gpu", "gpu", "label"), ("node", "node", "label")):
+    for level, key, what in (("gpu", "gpu", "GPU"), ("node", "node", "node")):
         rows = A.bandwidth(con, level, bin_ns)
         if rows:
-            written += A.bandwidth_figure(rows, key, lab, str(fig_dir / f"bandwidth_{level}"),
-                                          f"Egress bandwidth per {level} (bin {bin_ns / 1e3:.0f} µs)")
-    _, arrivals = A.barrier_report(con)
+            written += A.bandwidth_figure(rows, key, "label", str(fig_dir / f"bandwidth_{level}"),
+                                          f"Egress bandwidth per {what}", bin_ns=bin_ns, t0_ns=t0_ns, what=what)
+    bars, arrivals = A.barrier_report(con)
     if arrivals:
-        written += A.barrier_figure(arrivals, str(fig_dir / "barriers"))
+        written += A.barrier_figure(arrivals, str(fig_dir / "barriers"), barriers=bars, t0_ns=t0_ns)
+    lat = A.op_latency(con)
+    if lat:
+        written += A.latency_figure(lat, str(fig_dir / "latency"))
     return written

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..analysis import comm_matrix, skew
+from ..analysis import comm_matrix, op_latency, skew
 from ..mlx5.verbs import OPCODE_VOCAB
 from ..query import connect, named_queries
 
@@ -40,7 +40,7 @@ def build_summary(corr, con=None, perfetto_stats=None):
     T = corr.tables
     ops_t = T["ops"]
     n_ops = ops_t.n_rows if hasattr(ops_t, "rows") else len(ops_t["op_id"])
-    ops = ops_t.rows(None, ("matched", "bytes", "opcode", "latency_ns")) if hasattr(ops_t, "rows") else ops_t
+    ops = ops_t.rows(None, ("matched", "bytes", "opcode")) if hasattr(ops_t, "rows") else ops_t
     n_events = int(corr.stats.get("events", 0))
     tr = corr.stats.get("time_range_ns")
     P = T["processes"]
@@ -68,14 +68,22 @@ def build_summary(corr, con=None, perfetto_stats=None):
     for level in ("node", "rank", "gpu"):
         labels, m, c = comm_matrix(con, level)
         s[f"{level}_matrix"] = {"labels": labels, "bytes": m, "ops": c}
-    s["skew"] = {"node": skew(con, "node"), "gpu": skew(con, "gpu")}
+    s["skew"] = {"node": _labelled(skew(con, "node"), list(T["nodes"]["label"]), ("heaviest_src", "heaviest_dst",
+                                                                                 "heaviest_egress_node",
+                                                                                 "heaviest_ingress_node")),
+                 "gpu": _labelled(skew(con, "gpu"), list(T["gpus"]["label"]), ("heaviest_src", "heaviest_dst",
+                                                                               "heaviest_egress_gpu",
+                                                                               "heaviest_ingress_gpu"))}
     s["top_talkers"] = _rows(con, run_named_sql("top_talkers"))
+    s["top_pairs"] = _rows(con, run_named_sql("top_pairs"))
     B = T["barriers"]
+    stragglers = _rows(con, run_named_sql("stragglers"))
     s["barriers"] = {
         "count": int(len(B["barrier"])),
-        "worst": _rows(con, "SELECT barrier, instance, spread_ns, straggler_label, straggler_rank, arrival_order "
+        "worst": _rows(con, "SELECT barrier, instance, first_ns, spread_ns, straggler_label, straggler_rank, arrival_order "
                             "FROM barriers ORDER BY spread_ns DESC, barrier LIMIT 10"),
-        "stragglers": _rows(con, run_named_sql("stragglers")),
+        "stragglers": stragglers,
+        "most_often_last": _most_often_last(stragglers),
     }
     L = T["losses"]
     s["losses"] = {
@@ -88,13 +96,39 @@ def build_summary(corr, con=None, perfetto_stats=None):
     C = T["clock"]
     s["clock"] = {"refinement": corr.clock_info,
                   "nodes": [dict(zip(C.keys(), vals)) for vals in zip(*C.values())]}
-    comp = ops["latency_ns"][ops["latency_ns"] >= 0] if n_ops else np.zeros(0)
-    s["wr_latency_ns"] = ({"count": int(len(comp)), "p50": float(np.percentile(comp, 50)),
-                           "p99": float(np.percentile(comp, 99)), "max": int(comp.max())} if len(comp) else {"count": 0})
+    # over the written table, where an unknown latency is NULL (no completion recorded): only measured ones count
+    n_lat, mean, p50, p99, mx = con.execute(
+        "SELECT count(latency_ns), avg(latency_ns), quantile_cont(latency_ns, 0.5), quantile_cont(latency_ns, 0.99), "
+        "max(latency_ns) FROM ops").fetchone()
+    s["wr_latency_ns"] = ({"count": int(n_lat), "mean": float(mean), "p50": float(p50), "p99": float(p99),
+                           "max": int(mx)} if n_lat else {"count": 0})
+    s["latency"] = [{k: v for k, v in g.items() if k != "hist"} for g in op_latency(con, hist=False)]
     if perfetto_stats:
         s["perfetto"] = perfetto_stats
     s["warnings"] = list(corr.warnings)
     return _clean(s)
+
+
+def _labelled(sk, labels, keys):
+    """The skew dict with ``<key>_label`` for each id column (node / GPU ids are dense indices of ``labels``)."""
+    for k in keys:
+        v = sk.get(k)
+        if v is not None and 0 <= int(v) < len(labels):
+            sk[f"{k}_label"] = str(labels[int(v)])
+    return sk
+
+
+def _most_often_last(stragglers):
+    """The participants last at the most barrier instances ({"times_last", "labels", "ranks", "instances"}),
+    or None without barriers; ``unique`` False when several share that count."""
+    if not stragglers:
+        return None
+    top = stragglers[0]["times_last"]
+    tied = [r for r in stragglers if r["times_last"] == top]
+    return {"times_last": int(top), "labels": [r["straggler_label"] for r in tied],
+            "ranks": [r["straggler_rank"] for r in tied], "unique": len(tied) == 1,
+            "instances": int(sum(r["times_last"] for r in stragglers)),
+            "total_spread_ns": int(sum(r["total_spread_ns"] for r in tied))}
 
 
 def _by_opcode(codes):

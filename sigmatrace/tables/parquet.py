@@ -121,11 +121,28 @@ def conform(name, table):
         if t != _arrow_type(c.type):
             bad.append((c.name, str(f.type), c.type))
     if bad and table.num_rows == 0:
-        fields = [pa.field(c.name, _arrow_type(c.type), nullable=False) for c in spec.columns]
+        fields = [pa.field(c.name, _arrow_type(c.type), nullable=c.nullable) for c in spec.columns]
         return pa.Table.from_arrays([pa.array([], type=f.type) for f in fields], schema=pa.schema(fields))
     if bad:
         raise SchemaMismatch(f"table {name}: column types {bad} differ from sigmatrace.schema")
+    for i, c in enumerate(spec.columns):
+        if c.nullable:
+            table = table.set_column(i, pa.field(c.name, table.schema.field(i).type, nullable=True),
+                                     _sentinel_to_null(table.column(i)))
     return table
+
+
+def _sentinel_to_null(col):
+    """A nullable column's unknown values (schema.NULL_SENTINEL in the correlator's numpy columns) as NULL; the
+    field is nullable whether or not this range has any, so every part and row group has one schema."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    if col.null_count or not len(col):
+        return col
+    unknown = pc.equal(col, pa.scalar(schema.NULL_SENTINEL, col.type))
+    if not pc.any(unknown).as_py():
+        return col
+    return pc.if_else(unknown, pa.scalar(None, col.type), col)
 
 
 def events_arrow(cols):

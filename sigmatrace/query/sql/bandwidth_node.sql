@@ -1,4 +1,11 @@
--- Egress bandwidth over time per node; bin width from the variable bin_ns (default 1 ms).
-SELECT o.node, n.label, (o.ns // coalesce(getvariable('bin_ns'), 1000000)) * coalesce(getvariable('bin_ns'), 1000000) AS t_ns,
-       sum(o.bytes) AS bytes, sum(o.bytes) / coalesce(getvariable('bin_ns'), 1000000) AS gbps
-FROM ops o JOIN nodes n ON n.node = o.node GROUP BY ALL ORDER BY o.node, t_ns;
+-- Egress bandwidth over time per NODE: bytes of the operations posted in each bin (width from the variable
+-- bin_ns, default 1 ms) and gbps = bytes / bin_ns (bytes per ns = GB/s).  Every bin from the first to the last
+-- operation is a row for every NODE that sent anything, 0 where it was idle (averages over bins and step
+-- plots are not fooled by gaps).
+WITH w AS (SELECT coalesce(getvariable('bin_ns'), 1000000)::BIGINT AS w),
+s AS (SELECT o.node, o.ns // w.w AS k, sum(o.bytes) AS bytes FROM ops o, w WHERE o.node >= 0 GROUP BY ALL),
+grid AS (SELECT g.node, unnest(range((SELECT min(k) FROM s), (SELECT max(k) FROM s) + 1)) AS k
+         FROM (SELECT DISTINCT node FROM s) g)
+SELECT grid.node, t.label, grid.k * w.w AS t_ns, coalesce(s.bytes, 0) AS bytes, coalesce(s.bytes, 0) / w.w AS gbps
+FROM grid JOIN nodes t ON t.node = grid.node CROSS JOIN w LEFT JOIN s ON s.node = grid.node AND s.k = grid.k
+ORDER BY grid.node, t_ns;
