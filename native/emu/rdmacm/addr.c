@@ -377,9 +377,8 @@ CMA_EXPORT int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
 	c->state = CS_ROUTE_QUERY;
 	struct cm_node n;
 	if (cma_node_lookup(&c->id.route.addr.dst_addr, &n) == 0 && n.lid == c->peer.lid) {
-		cma_fill_path(c);
-		c->state = CS_ROUTE_RESOLVED;
-		cma_queue_event(c, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+		/* the SA answers the PathRecord query after a round trip */
+		cma_set_timer_us(c, CT_ROUTE, cma.sa_delay_us, 0);
 	} else {
 		/* the node went away: the path query is not answered */
 		cma_set_timer(c, CT_ROUTE, timeout_ms > 0 ? timeout_ms : 1, -ETIMEDOUT);

@@ -44,12 +44,17 @@ void cma_wake_agent(void)
 	}
 }
 
-void cma_set_timer(struct cm_id *c, int kind, int ms, int status)
+void cma_set_timer_us(struct cm_id *c, int kind, long us, int status)
 {
 	c->timer = kind;
 	c->timer_status = status;
-	c->deadline_ns = cma_now_ns() + (uint64_t)ms * 1000000ull;
+	c->deadline_ns = cma_now_ns() + (uint64_t)(us > 0 ? us : 0) * 1000ull;
 	cma_wake_agent();
+}
+
+void cma_set_timer(struct cm_id *c, int kind, int ms, int status)
+{
+	cma_set_timer_us(c, kind, (long)ms * 1000, status);
 }
 
 /* The fabric name as nic.c reads it (same default and character set). */
@@ -327,7 +332,7 @@ static int run_timers(void)
 	} while (again);
 	if (next == UINT64_MAX)
 		return 1000;
-	uint64_t ms = (next - now + 999999) / 1000000;
+	uint64_t ms = (next - now + 999999) / 1000000;   /* poll()'s resolution: at most 1 ms late */
 	return ms > 1000 ? 1000 : (int)ms;
 }
 
@@ -399,6 +404,10 @@ static int do_init(void)
 	cma.cm_timeout_ms = e && *e ? atoi(e) : 8000;
 	if (cma.cm_timeout_ms <= 0)
 		cma.cm_timeout_ms = 8000;
+	e = getenv("SIGMATRACE_EMU_CM_SA_DELAY_US");
+	cma.sa_delay_us = e && *e ? atol(e) : 5000;
+	if (cma.sa_delay_us < 0)
+		cma.sa_delay_us = 0;
 	read_fabric(cma.fabric, sizeof cma.fabric);
 	cma_parse_addr_list(getenv("SIGMATRACE_EMU_IP_ADDRS"));
 	srandom((unsigned)(getpid() ^ cma_now_ns()));

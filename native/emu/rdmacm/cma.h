@@ -51,7 +51,8 @@
 #define CM_MAX_RD_ATOMIC 16     /* the emulated device's max_qp_rd_atom */
 
 extern int cma_debug;
-#define CMA_LOG(...) do { if (cma_debug) { fprintf(stderr, "[st-emu-cm %d] ", (int)getpid()); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+uint64_t cma_now_ns(void);
+#define CMA_LOG(...) do { if (cma_debug) { fprintf(stderr, "[st-emu-cm %d %.6f] ", (int)getpid(), cma_now_ns() * 1e-9); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 /* ---- wire format of one CM message (one seqpacket datagram) --------------- */
 #define CMW_MAGIC 0x434d5453u   /* "STMC" */
@@ -155,6 +156,7 @@ struct cma_global {
 	int wakefd;
 	pthread_t thread;
 	int cm_timeout_ms;
+	long sa_delay_us;            /* an SA PathRecord query's round trip (rdma_resolve_route) */
 	struct cm_id *ids;
 	struct cm_pending_sock *pending;
 };
@@ -174,6 +176,7 @@ int cma_agent_connect(uint32_t lid);       /* a connected, non-blocking socket t
 int cma_send(int fd, struct cmw_msg *m);   /* 0 or -1 */
 void cma_msg_init(struct cmw_msg *m, int type);
 void cma_set_timer(struct cm_id *c, int kind, int ms, int status);
+void cma_set_timer_us(struct cm_id *c, int kind, long us, int status);
 
 /* addr.c */
 socklen_t cma_addrlen(const struct sockaddr *a);

@@ -631,8 +631,14 @@ void cma_timer_fired(struct cm_id *c)
 		}
 		break;
 	case CT_ROUTE:
-		if (c->state == CS_ROUTE_QUERY) {
+		if (c->state == CS_ROUTE_QUERY && !status) {
+			cma_fill_path(c);
+			c->state = CS_ROUTE_RESOLVED;
+			cma_queue_event(c, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+		} else if (c->state == CS_ROUTE_QUERY) {
 			c->state = CS_ADDR_RESOLVED;
+			c->id.route.path_rec = NULL;
+			c->id.route.num_paths = 0;
 			cma_queue_event(c, RDMA_CM_EVENT_ROUTE_ERROR, status);
 		}
 		break;
