@@ -3,10 +3,13 @@
 Where the native build put the emulated HCA (native/emu), per-test emulated
 fabrics, environments of emulated nodes, ephemeral TCP ports, and
 server/client process pairs with bounded waits and cleanup.  Imported by
-tests/test_emu_hca.py, tests/test_trace_verbs_support.py and
-tests/test_tracer_{ofi,ucx}.py (tests/ is on sys.path under pytest).
+tests/test_emu_hca.py, tests/test_emu_ucx.py, tests/test_trace_verbs_support.py
+and tests/test_tracer_{ofi,ucx}.py (tests/ is on sys.path under pytest).
 """
+import functools
+import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -42,9 +45,13 @@ def new_fabric(prefix="v"):
 
 
 def cleanup_fabric(name):
+    """Remove a fabric's inboxes and the nodes' sysfs trees (native/emu/sysfs.c)."""
     for p in Path("/dev/shm").glob(f"sigmatrace-emu.{name}.*"):
         try:
-            p.unlink()
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink()
         except OSError:
             pass
 
@@ -58,6 +65,44 @@ def emu_env(fabric, lid, **extra):
     env.pop("LD_PRELOAD", None)
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+# ---------------------------------------------------------------------------
+# the device files of an emulated node (native/emu/st-emu-ns)
+
+EMU_NS = EMU_DIR / "st-emu-ns" if EMU_DIR else None
+
+
+def emu_ns(argv):
+    """argv run inside st-emu-ns: a private mount namespace with /dev/infiniband/uverbs0 and
+    /sys/class/infiniband/<dev>, which UCX needs before it uses a device (docs/emulator.md)."""
+    return [str(EMU_NS), *map(str, argv)]
+
+
+@functools.lru_cache(maxsize=None)
+def emu_ns_problem():
+    """None when st-emu-ns works here, else why not (no script, no unshare, no overlayfs, no permission)."""
+    if EMU_NS is None or not EMU_NS.is_file():
+        return "st-emu-ns not built (build/dev/emu/st-emu-ns)"
+    if not shutil.which("unshare"):
+        return "unshare (util-linux) not installed"
+    try:
+        r = subprocess.run(emu_ns(["test", "-c", "/dev/infiniband/uverbs0"]), capture_output=True, text=True,
+                           timeout=20, env=dict(os.environ, SIGMATRACE_EMU_FABRIC="probe", SIGMATRACE_EMU_LID="1"))
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"st-emu-ns failed: {e}"
+    if r.returncode != 0:
+        return f"st-emu-ns cannot make a mount namespace here (rc={r.returncode}): {r.stderr.strip()[-300:]}"
+    return None
+
+
+def read_emu_stats(directory):
+    """The NIC counters (SIGMATRACE_EMU_STATS=<directory>/emu-stats.%p.json) of every process, by pid."""
+    out = {}
+    for p in Path(directory).glob("emu-stats.*.json"):
+        d = json.loads(p.read_text())
+        out[d["pid"]] = d
+    return out
 
 
 # ---------------------------------------------------------------------------

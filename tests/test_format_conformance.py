@@ -32,9 +32,27 @@ CC = shutil.which("gcc") or shutil.which("cc")
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler (gcc/cc) on PATH")
 
 
-def _compile(tmp_path, name, sources, extra=()):
+# The same checks for the aarch64 build of the recorder (Grace Hopper is a primary IBGDA platform): compiled
+# with Debian's cross compiler and run under qemu-user (both installed by .ci/install).
+CROSS_CC = shutil.which("aarch64-linux-gnu-gcc")
+QEMU = shutil.which("qemu-aarch64")
+CROSS_SYSROOT = "/usr/aarch64-linux-gnu"
+TARGETS = {
+    "native": (CC, []),
+    "aarch64": (CROSS_CC, [QEMU, "-L", CROSS_SYSROOT]),
+}
+
+
+def _target(name):
+    cc, runner = TARGETS[name]
+    if cc is None or (runner and (runner[0] is None or not Path(CROSS_SYSROOT).is_dir())):
+        pytest.skip(f"{name}: needs {'aarch64-linux-gnu-gcc, qemu-aarch64 and ' + CROSS_SYSROOT if runner else 'a C compiler'}")
+    return cc, runner
+
+
+def _compile(tmp_path, name, sources, extra=(), cc=None):
     exe = tmp_path / name
-    cmd = [CC, "-O2", "-g", "-std=gnu11", "-D_GNU_SOURCE", f"-I{INCLUDE}", f"-I{SRC}", "-o", str(exe),
+    cmd = [cc or CC, "-O2", "-g", "-std=gnu11", "-D_GNU_SOURCE", f"-I{INCLUDE}", f"-I{SRC}", "-o", str(exe),
            *map(str, sources), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"compile failed:\n{' '.join(cmd)}\n{r.stderr}"
@@ -92,11 +110,11 @@ def test_c_layout_matches_python(tmp_path):
     assert events == py_events
 
 
-def _build_writer(tmp_path):
+def _build_writer(tmp_path, cc=None):
     sources = [ROOT / "native" / "tests" / "format_writer.c"]
     sources += sorted((SRC / "core").glob("*.c"))
     sources += sorted((SRC / "interpose").glob("*.c"))
-    return _compile(tmp_path, "format_writer", sources, ["-lpthread", "-ldl"])
+    return _compile(tmp_path, "format_writer", sources, ["-lpthread", "-ldl"], cc=cc)
 
 
 def _parse_expected(text):
@@ -118,15 +136,17 @@ def _parse_expected(text):
     return tids, ev, side, agg
 
 
-@needs_cc
+@pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize("buffer_kb", ["4", "64"])
-def test_native_writer_round_trip(tmp_path, buffer_kb):
-    exe = _build_writer(tmp_path)
+def test_native_writer_round_trip(tmp_path, buffer_kb, target):
+    cc, runner = _target(target)
+    exe = _build_writer(tmp_path, cc)
     out_dir = tmp_path / "trace"
     env = dict(os.environ, SIGMATRACE_OUTPUT_DIR=str(out_dir), SIGMATRACE_MODE="aggregate",
                SIGMATRACE_DROP_POLICY="block", SIGMATRACE_BUFFER_KB=buffer_kb, SIGMATRACE_CHUNKS="4")
     nthreads, nevents = 4, 6000
-    r = subprocess.run([str(exe), str(nthreads), str(nevents)], capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run([*runner, str(exe), str(nthreads), str(nevents)], capture_output=True, text=True,
+                       timeout=180, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     tids, expected, side, agg = _parse_expected(r.stdout)

@@ -160,6 +160,32 @@ def check_recovery(cap, wqes_gt, allow_lost):
     return n_gt, total_lost
 
 
+def _emucu_program(name):
+    """Directory of a native build that has tests/<name>, the emulated CUDA driver and the tracer; else skip."""
+    d = next((d for d in _native.candidate_dirs() if (d / "tests" / name).exists()
+              and (d / "emu" / "cuda" / "libcuda.so.1").exists() and (d / "libsigmatrace.so").exists()), None)
+    if d is None:
+        pytest.skip(f"native build missing {name} (cmake -S native -B build/dev && cmake --build build/dev)")
+    return d
+
+
+def run_emucu_program(tmp_path, name, timeout=60, **env_extra):
+    """Run tests/<name> traced over the emulated CUDA driver alone; (completed process, trace dir)."""
+    d = _emucu_program(name)
+    out = tmp_path / "trace"
+    out.mkdir()
+    env = dict(os.environ, LD_LIBRARY_PATH=str(d / "emu" / "cuda"), LD_PRELOAD=str(d / "libsigmatrace.so"),
+               SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_HIJACK_MODE="guarded", **env_extra)
+    return subprocess.run([str(d / "tests" / name)], env=env, capture_output=True, text=True, timeout=timeout), out
+
+
+def _unit_test_program(name):
+    exe = next((d / "tests" / name for d in _native.candidate_dirs() if (d / "tests" / name).exists()), None)
+    if exe is None:
+        pytest.skip(f"native build missing {name} (cmake -S native -B build/dev && cmake --build build/dev)")
+    return exe
+
+
 @pytest.mark.parametrize("mode", ["nonblocking", "guarded", "blocking", "sync", "forward"])
 def test_func_client_through_hijacked_doorbells(tmp_path, mode):
     """put+quiet, get, fetch-add, ping-pong with correct data; doorbells = ground truth; WQEs recovered."""
@@ -301,15 +327,7 @@ def test_fork_child_has_no_phantom_pollers(tmp_path):
     child), its doorbell reaches the register, it exits through atexit without waiting for the parent's
     pollers, and the parent's poller keeps forwarding after the fork.  Each doorbell is recorded once,
     in the process that rang it."""
-    d = next((d for d in _native.candidate_dirs() if (d / "tests" / "hijack_fork").exists()
-              and (d / "emu" / "cuda" / "libcuda.so.1").exists() and (d / "libsigmatrace.so").exists()), None)
-    if d is None:
-        pytest.skip("native build missing hijack_fork (cmake -S native -B build/dev && cmake --build build/dev)")
-    out = tmp_path / "trace"
-    out.mkdir()
-    env = dict(os.environ, LD_LIBRARY_PATH=str(d / "emu" / "cuda"), LD_PRELOAD=str(d / "libsigmatrace.so"),
-               SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_HIJACK_MODE="guarded")
-    p = subprocess.run([str(d / "tests" / "hijack_fork")], env=env, capture_output=True, text=True, timeout=60)
+    p, out = run_emucu_program(tmp_path, "hijack_fork")
     assert p.returncode == 0 and "RESULT OK" in p.stdout, p.stdout + p.stderr
     assert "hijacked=1" in p.stdout
     assert "CHILD threads=1 proxy_mapped=0 same_proxy=0 forwarded=1" in p.stdout, p.stdout
@@ -340,3 +358,66 @@ def test_unused_uars_take_no_poller_core(tmp_path):
     t = cap.table("DB_HIJACK_INSTALL")
     cpus = sorted(cap.side_record(int(t["process"][i]), int(t["side_id"][i])).json()["cpu"] for i in range(len(t["tsc"])))
     assert cpus == [0, 1], cpus
+
+
+def test_idle_monitor_wait_rechecks_after_arming():
+    """UMWAIT / MWAITX end only on a write after the monitor is armed: the poller's idle wait (hijack/arch.h
+    monitor_wait) arms, reads the word again and waits only if nothing was rung since its last scan.  Checked with
+    fake instructions (native/tests/hijack_wait_test.c): this VM, like most, hides WAITPKG and MONITORX."""
+    p = subprocess.run([str(_unit_test_program("hijack_wait_test"))], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and "WAIT TEST OK" in p.stdout, p.stdout + p.stderr
+
+
+def test_devptr_second_register_of_a_proxied_page_is_watched(tmp_path):
+    """A device pointer asked for a second doorbell register of a page the GPU path already proxies (here two
+    registers of one IOMEMORY page; with the mlx5 provider, a UAR noted after the page's proxy was made) lies in
+    the same proxy page, and the page's poller must watch that register too: its doorbells reach the real one."""
+    p, out = run_emucu_program(tmp_path, "hijack_devptr")
+    assert "hijacked=1" in p.stdout, p.stdout + p.stderr
+    assert "SECOND same_proxy_page=1 forwarded=1" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "RESULT OK" in p.stdout, p.stdout + p.stderr
+    cap = read_capture(sorted(glob.glob(str(out / "*.trace"))))
+    db = cap.table("DB_DOORBELL")
+    assert sorted(int(x) for x in db["raw"]) == [0x0000120000010000, 0x0000120000020000, 0x0000340000010000]
+
+
+@pytest.mark.parametrize("path", ["gpu-unregister", "cpu-exit"])
+def test_stuck_poller_does_not_hang_the_program(tmp_path, path):
+    """A poller stuck in a driver call (test hook SIGMATRACE_HIJACK_TEST_STUCK: every poller blocks for good as it
+    stops) must not hang the program: stopping a page (cuMemHostUnregister of a GPU doorbell page) and process exit
+    (CPU-doorbell pages) wait at most SIGMATRACE_HIJACK_STOP_TIMEOUT_MS, then go on; what the poller did not drain
+    is counted and reported (stderr, and a summary record marked stuck in place of the poller's own)."""
+    hook = dict(SIGMATRACE_HIJACK_TEST_STUCK="1", SIGMATRACE_HIJACK_STOP_TIMEOUT_MS="300")
+    try:
+        if path == "gpu-unregister":
+            npollers = 1
+            p, out = run_emucu_program(tmp_path, "hijack_devptr", timeout=30, **hook)
+        else:
+            from test_trace_verbs_support import IBGDA_CLIENT, TRACER
+            from native_util import cleanup_fabric, emu_env, new_fabric
+            if IBGDA_CLIENT is None or TRACER is None:
+                pytest.skip("emu_ibgda_client / libsigmatrace.so not built")
+            npollers = 4  # 4 UARs; the QP's is rung
+            out = tmp_path / "trace"
+            out.mkdir()
+            env = emu_env(new_fabric(), 0x54, LD_PRELOAD=str(TRACER), SIGMATRACE_OUTPUT_DIR=str(out), **hook)
+            try:
+                p = subprocess.run([str(IBGDA_CLIENT), "--pair", "--ops", "20"], env=env, capture_output=True,
+                                   text=True, timeout=30)
+            finally:
+                cleanup_fabric(env["SIGMATRACE_EMU_FABRIC"])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{path}: the program hung on a stuck poller")
+    assert p.returncode == 0 and "RESULT OK" in p.stdout, p.stdout + p.stderr
+    assert f"hijack: {npollers} poller(s) did not stop within 300 ms" in p.stderr, p.stderr
+    cap = read_capture(sorted(glob.glob(str(out / "*.trace"))))
+    stuck = [j for j in poller_summaries(cap) if j.get("stuck")]
+    assert len(stuck) == 1 and all("undrained_wqebb" in j for j in stuck), poller_summaries(cap)  # the rung page
+
+
+def test_qp_records_reused_over_20k_qps():
+    """The hijack's QP record table (4,096 slots) over 20,000 distinct QP numbers noted and forgotten, as a real HCA
+    hands them out (24-bit, not reused soon): forgotten records free their slots, every live record is found
+    (native/tests/hijack_registry_test.c, registry.c compiled in)."""
+    p = subprocess.run([str(_unit_test_program("hijack_registry_test"))], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "REGISTRY TEST OK" in p.stdout, p.stdout + p.stderr

@@ -68,26 +68,29 @@ EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int n)
 	pthread_mutex_unlock(&cq->mutex);
 }
 
-EXPORT struct emu_cq *emu_cq_new(struct emu_nic *nic, struct ibv_context *c, uint32_t ncqe, void *buf,
-				 volatile uint32_t *dbrec, int devx)
+/* A CQ of ncqe slots of cqe_size (64 or 128) bytes; buf given (DevX umem) or
+ * allocated with every CQE invalid and owned by the hardware. */
+EXPORT struct emu_cq *emu_cq_new_sized(struct emu_nic *nic, struct ibv_context *c, uint32_t ncqe, uint32_t cqe_size,
+				       void *buf, volatile uint32_t *dbrec, int devx)
 {
 	struct emu_cq *cq = calloc(1, sizeof *cq);
 	if (!cq)
 		return NULL;
 	cq->ncqe = ncqe;
+	cq->cqe_size = cqe_size;
 	cq->devx = devx;
 	if (buf) {
 		cq->buf = buf;
 	} else {
-		cq->buf = aligned_alloc(4096, ((size_t)ncqe * 64 + 4095) & ~(size_t)4095);
+		size_t bytes = (size_t)ncqe * cqe_size;
+		cq->buf = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
 		if (!cq->buf) {
 			free(cq);
 			return NULL;
 		}
-		for (uint32_t i = 0; i < ncqe; i++) {
-			memset(cq->buf + i * 64, 0, 64);
-			cq->buf[i * 64 + 63] = (ST_MLX5_CQE_INVALID << 4) | 1;
-		}
+		memset(cq->buf, 0, bytes);
+		for (uint32_t i = 0; i < ncqe; i++)
+			emu_cqe_at(cq, i)->op_own = (ST_MLX5_CQE_INVALID << 4) | 1;
 		cq->own_buf = 1;
 	}
 	cq->dbrec = dbrec ? dbrec : (volatile uint32_t *)cq->dbr_storage;
@@ -108,6 +111,12 @@ EXPORT struct emu_cq *emu_cq_new(struct emu_nic *nic, struct ibv_context *c, uin
 	}
 	cq->cq.handle = cq->cqn;
 	return cq;
+}
+
+EXPORT struct emu_cq *emu_cq_new(struct emu_nic *nic, struct ibv_context *c, uint32_t ncqe, void *buf,
+				 volatile uint32_t *dbrec, int devx)
+{
+	return emu_cq_new_sized(nic, c, ncqe, 64, buf, dbrec, devx);
 }
 
 EXPORT void emu_cq_free(struct emu_nic *nic, struct emu_cq *cq)
@@ -171,17 +180,63 @@ EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe)
 	return EOPNOTSUPP;
 }
 
-int emu_req_notify_cq(struct ibv_cq *ibcq, int sol)
+/* Post the CQ to its completion channel and disarm (cq->lock held). */
+static void cq_fire(struct emu_cq *cq)
 {
-	struct emu_cq *cq = to_ecq(ibcq);
+	cq->armed = 0;
+	if (!cq->cq.channel)
+		return;
+	struct ibv_cq *p = &cq->cq;
+	int wfd = ((struct emu_channel *)cq->cq.channel)->wfd;
+	ssize_t r = write(wfd, &p, sizeof p);
+	(void)r;
+	cq->events++;
+}
+
+/* An armed CQ gets an event for its next CQE (solicited: the next CQE with
+ * SE set, or an error), and at once when such a CQE is already there at or
+ * after the consumer index ci the arm names -- as the hardware compares the
+ * arm's ci with its producer index, so that arming after a last empty poll
+ * loses no completion.  Called from ibv_req_notify_cq and for arm doorbells
+ * (UAR + 0x20, e.g. UCX's uct_ib_mlx5dv_arm_cq). */
+EXPORT void emu_cq_arm(struct emu_cq *cq, int sol, uint32_t ci)
+{
 	pthread_mutex_lock(&cq->lock);
 	cq->armed = 1;
 	cq->arm_sol = sol;
+	if (!cq->collapsed) {
+		uint32_t pending = (cq->pi - ci) & 0xffffff;
+		if (pending > cq->ncqe)
+			pending = cq->ncqe;
+		for (uint32_t k = 0; k < pending; k++) {
+			uint8_t op_own = emu_cqe_at(cq, ci + k)->op_own, opc = op_own >> 4;
+			if (!sol || (op_own & 2) || opc == ST_MLX5_CQE_REQ_ERR || opc == ST_MLX5_CQE_RESP_ERR) {
+				cq_fire(cq);
+				break;
+			}
+		}
+	}
+	pthread_mutex_unlock(&cq->lock);
+}
+
+/* emu_cq_write (requester.c): a CQE was just written (cq->lock held). */
+EXPORT void emu_cq_written(struct emu_cq *cq, uint8_t op_own)
+{
+	if (!cq->armed)
+		return;
+	uint8_t opc = op_own >> 4;
+	if (!cq->arm_sol || (op_own & 2) || opc == ST_MLX5_CQE_REQ_ERR || opc == ST_MLX5_CQE_RESP_ERR)
+		cq_fire(cq);
+}
+
+int emu_req_notify_cq(struct ibv_cq *ibcq, int sol)
+{
+	struct emu_cq *cq = to_ecq(ibcq);
 	/* arm doorbell record (ref §2.2): sn<<28 | cmd | ci */
 	cq->dbrec[ST_MLX5_CQ_ARM_DB] = htobe32(((cq->events & 3) << 28) |
 					       (sol ? ST_MLX5_CQ_DB_REQ_NOT_SOL : ST_MLX5_CQ_DB_REQ_NOT) |
 					       (cq->ci & 0xffffff));
-	pthread_mutex_unlock(&cq->lock);
+	emu_cq_arm(cq, sol, cq->ci);
 	return 0;
 }
 
@@ -225,7 +280,7 @@ int emu_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 	int got = 0;
 	pthread_spin_lock(&cq->poll_lock);
 	while (got < n) {
-		const struct st_mlx5_cqe64 *c = (const void *)(cq->buf + (size_t)(cq->ci & (cq->ncqe - 1)) * 64);
+		const struct st_mlx5_cqe64 *c = emu_cqe_at(cq, cq->ci);
 		uint8_t op_own = __atomic_load_n(&c->op_own, __ATOMIC_ACQUIRE);
 		if ((op_own >> 4) == ST_MLX5_CQE_INVALID || (op_own & 1) != !!(cq->ci & cq->ncqe))
 			break;
@@ -256,7 +311,15 @@ int emu_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 			int from_srq = qp && qp->srq;
 			if (qp) {
 				if (from_srq) {
-					w->wr_id = qp->srq->wrid[ctr & (qp->srq->wqe_cnt - 1)];
+					struct emu_srq *s = qp->srq;
+					uint32_t idx = ctr & (s->wqe_cnt - 1);
+					w->wr_id = s->wrid[idx];
+					/* the WQE is free again: link it after the tail (rdma-core mlx5_free_srq_wqe) */
+					pthread_spin_lock(&s->plock);
+					uint16_t be = htobe16((uint16_t)idx);
+					memcpy(s->buf + (size_t)s->tail * s->stride + 2, &be, 2);
+					s->tail = idx;
+					pthread_spin_unlock(&s->plock);
 				} else if (qp->rq_wrid) {
 					w->wr_id = qp->rq_wrid[ctr & (qp->rq_wqe_cnt - 1)];
 					qp->rq_tail++;
@@ -272,6 +335,9 @@ int emu_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 				w->byte_len = be32toh(c->byte_cnt);
 				w->src_qp = be32toh(c->flags_rqpn) & 0xffffff;
 				w->slid = be16toh(c->slid);
+				w->sl = (be32toh(c->flags_rqpn) >> 24) & 0xf;
+				if ((be32toh(c->flags_rqpn) >> 28) & 3)
+					w->wc_flags |= IBV_WC_GRH;
 				if (opc == ST_MLX5_CQE_RESP_WR_IMM) {
 					w->opcode = IBV_WC_RECV_RDMA_WITH_IMM;
 					w->wc_flags |= IBV_WC_WITH_IMM;
@@ -289,9 +355,86 @@ int emu_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 		got++;
 	}
 	if (got)
-		cq->dbrec[ST_MLX5_CQ_SET_CI] = htobe32(cq->ci & 0xffffff);
+		__atomic_store_n(&cq->dbrec[ST_MLX5_CQ_SET_CI], htobe32(cq->ci & 0xffffff), __ATOMIC_RELAXED);
 	pthread_spin_unlock(&cq->poll_lock);
 	if (!got)
 		sched_yield(); /* 2-core friendliness: let the NIC thread run */
 	return got;
+}
+
+/* ---- ibv_cq_ex lazy polling (CQs from mlx5dv_create_cq) ------------------- */
+static inline struct emu_cq *xcq(struct ibv_cq_ex *c) { return (struct emu_cq *)c; }
+
+static int x_next_poll(struct ibv_cq_ex *c)
+{
+	struct emu_cq *cq = xcq(c);
+	if (emu_poll_cq(&cq->cq, 1, &cq->xwc) != 1)
+		return ENOENT;
+	c->wr_id = cq->xwc.wr_id;
+	c->status = cq->xwc.status;
+	return 0;
+}
+static int x_start_poll(struct ibv_cq_ex *c, struct ibv_poll_cq_attr *attr)
+{
+	(void)attr;
+	return x_next_poll(c);
+}
+static void x_end_poll(struct ibv_cq_ex *c) { (void)c; }
+static enum ibv_wc_opcode x_read_opcode(struct ibv_cq_ex *c) { return xcq(c)->xwc.opcode; }
+static uint32_t x_read_vendor_err(struct ibv_cq_ex *c) { return xcq(c)->xwc.vendor_err; }
+static uint32_t x_read_byte_len(struct ibv_cq_ex *c) { return xcq(c)->xwc.byte_len; }
+static __be32 x_read_imm_data(struct ibv_cq_ex *c) { return xcq(c)->xwc.imm_data; }
+static uint32_t x_read_qp_num(struct ibv_cq_ex *c) { return xcq(c)->xwc.qp_num; }
+static uint32_t x_read_src_qp(struct ibv_cq_ex *c) { return xcq(c)->xwc.src_qp; }
+static unsigned int x_read_wc_flags(struct ibv_cq_ex *c) { return xcq(c)->xwc.wc_flags; }
+static uint32_t x_read_slid(struct ibv_cq_ex *c) { return xcq(c)->xwc.slid; }
+static uint8_t x_read_sl(struct ibv_cq_ex *c) { return xcq(c)->xwc.sl; }
+static uint8_t x_read_dlid_path_bits(struct ibv_cq_ex *c) { return xcq(c)->xwc.dlid_path_bits; }
+static uint64_t x_read_zero64(struct ibv_cq_ex *c) { (void)c; return 0; }
+static uint16_t x_read_cvlan(struct ibv_cq_ex *c) { (void)c; return 0; }
+static uint32_t x_read_flow_tag(struct ibv_cq_ex *c) { (void)c; return 0; }
+static void x_read_tm_info(struct ibv_cq_ex *c, struct ibv_wc_tm_info *t) { (void)c; memset(t, 0, sizeof *t); }
+
+EXPORT void emu_cq_init_ex_ops(struct emu_cq *cq)
+{
+	struct ibv_cq_ex *x = &cq->cqx;
+	x->comp_mask = 0;
+	x->start_poll = x_start_poll;
+	x->next_poll = x_next_poll;
+	x->end_poll = x_end_poll;
+	x->read_opcode = x_read_opcode;
+	x->read_vendor_err = x_read_vendor_err;
+	x->read_byte_len = x_read_byte_len;
+	x->read_imm_data = x_read_imm_data;
+	x->read_qp_num = x_read_qp_num;
+	x->read_src_qp = x_read_src_qp;
+	x->read_wc_flags = x_read_wc_flags;
+	x->read_slid = x_read_slid;
+	x->read_sl = x_read_sl;
+	x->read_dlid_path_bits = x_read_dlid_path_bits;
+	x->read_completion_ts = x_read_zero64;
+	x->read_cvlan = x_read_cvlan;
+	x->read_flow_tag = x_read_flow_tag;
+	x->read_tm_info = x_read_tm_info;
+	x->read_completion_wallclock_ns = x_read_zero64;
+}
+
+/* The page of a context's CQ arm doorbells (mlx5dv_cq.cq_uar): one per
+ * context, allocated on the first mlx5dv_init_obj(CQ); the NIC samples its
+ * word at 0x20 (doorbell.c). */
+EXPORT void *emu_ctx_cq_uar(struct ibv_context *c)
+{
+	struct emu_context *e = to_ectx(c);
+	struct emu_nic *nic = e->nic;
+	pthread_mutex_lock(&nic->lock);
+	if (!e->cq_uar) {
+		e->cq_uar = emu_uar_alloc(nic, 0);
+		if (e->cq_uar) {
+			e->cq_uar->cq_page = 1;
+			__atomic_fetch_add(&nic->have_devx_uars, 1, __ATOMIC_RELAXED); /* no kick comes with an arm: poll */
+		}
+	}
+	pthread_mutex_unlock(&nic->lock);
+	emu_nic_kick(nic);
+	return e->cq_uar ? e->cq_uar->page : NULL;
 }

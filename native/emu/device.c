@@ -21,9 +21,9 @@ static void dev_init(void)
 	emu_identity(g_dev.name, sizeof g_dev.name, NULL, NULL, NULL);
 	g_dev.node_type = IBV_NODE_CA;
 	g_dev.transport_type = IBV_TRANSPORT_IB;
+	/* UCX looks for /dev/infiniband/<dev_name> (st-emu-ns provides it) */
 	snprintf(g_dev.dev_name, sizeof g_dev.dev_name, "uverbs0");
-	snprintf(g_dev.dev_path, sizeof g_dev.dev_path, "/sys/class/infiniband_verbs/uverbs0");
-	snprintf(g_dev.ibdev_path, sizeof g_dev.ibdev_path, "/sys/class/infiniband/%s", g_dev.name);
+	emu_sysfs_paths(g_dev.ibdev_path, sizeof g_dev.ibdev_path, g_dev.dev_path, sizeof g_dev.dev_path);
 	g_dev_ready = 1;
 }
 
@@ -76,12 +76,17 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev)
 	c->ops.req_notify_cq = emu_req_notify_cq;
 	c->ops.post_srq_recv = emu_post_srq_recv;
 	c->cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	/* async events (async.c): the NIC writes them into this pipe, the
+	 * application reads them with ibv_get_async_event (blocking unless it
+	 * makes async_fd non-blocking, as UCX does) */
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) == 0) {
 		c->async_fd = p[0];
-		close(p[1]);
+		e->async_wfd = p[1];
+		fcntl(p[1], F_SETFL, O_NONBLOCK);
 	} else {
 		c->async_fd = -1;
+		e->async_wfd = -1;
 	}
 	c->num_comp_vectors = 1;
 	pthread_mutex_init(&c->mutex, NULL);
@@ -101,6 +106,13 @@ EXPORT int ibv_close_device(struct ibv_context *c)
 		close(c->cmd_fd);
 	if (c->async_fd >= 0)
 		close(c->async_fd);
+	if (e->async_wfd >= 0)
+		close(e->async_wfd);
+	if (e->cq_uar) {
+		pthread_mutex_lock(&e->nic->lock);
+		emu_uar_free(e->nic, e->cq_uar);
+		pthread_mutex_unlock(&e->nic->lock);
+	}
 	emu_nic_put(e->nic);
 	free(e);
 	return 0;

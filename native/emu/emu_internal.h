@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <infiniband/verbs.h>
+#include <infiniband/mlx5dv.h> /* rdma-core's struct mlx5_wqe_av (UD address vectors, ref §1.8) */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,6 +20,21 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+/* The NIC thread plays the device: its reads and writes of host memory (SQ, CQ, data buffers, UAR pages
+ * sampled for doorbells) are DMA, ordered by doorbells, barriers and ownership bits as on real hardware —
+ * synchronisation a thread sanitizer cannot see.  Under ThreadSanitizer the NIC thread's memory accesses
+ * are therefore ignored (its locks are still tracked), so races among the program's and the tracer's own
+ * threads are the ones reported. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_ignore_thread_begin(void); /* in the runtime; not in every compiler's tsan_interface.h */
+void __tsan_ignore_thread_end(void);
+#define EMU_DEVICE_THREAD() __tsan_ignore_thread_begin()
+#define EMU_DEVICE_THREAD_END() __tsan_ignore_thread_end()
+#else
+#define EMU_DEVICE_THREAD() ((void)0)
+#define EMU_DEVICE_THREAD_END() ((void)0)
+#endif
+
 #define EMU_MAX_QP      4096
 #define EMU_QPN_BASE    0x100
 #define EMU_MAX_MR      16384
@@ -31,8 +47,12 @@
 #define EMU_RING_BYTES  (8u << 20)      /* inbox ring size per node */
 #define EMU_OUTQ_LIMIT  (4u << 20)      /* requester back-pressure per peer */
 
+/* SIGMATRACE_EMU_DEBUG: 0/unset off, "errors" the NIC's error reports only
+ * (EMU_ERR: refused doorbells, BlueFlame mismatches), anything else all */
 extern int emu_debug;
-#define EMU_LOG(...) do { if (emu_debug) { fprintf(stderr, "[st-emu %d] ", (int)getpid()); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#define EMU_PRINT(...) do { fprintf(stderr, "[st-emu %d] ", (int)getpid()); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } while (0)
+#define EMU_LOG(...) do { if (emu_debug >= 2) EMU_PRINT(__VA_ARGS__); } while (0)
+#define EMU_ERR(...) do { if (emu_debug >= 1) EMU_PRINT(__VA_ARGS__); } while (0)
 
 /* ---- shared-memory fabric ------------------------------------------------ */
 #define EMU_INBOX_MAGIC 0x53544d55454d5531ull /* "STMUEMU1" */
@@ -63,6 +83,7 @@ enum emu_pkt_type {
 	PKT_NAK,
 	PKT_READ_RESP,
 	PKT_ATOMIC_RESP,
+	PKT_UD_SEND,     /* one UD datagram (unreliable: no answer); GRH fields in swap_add/compare */
 };
 #define PF_FIRST 1u
 #define PF_LAST  2u
@@ -83,12 +104,14 @@ struct emu_pkt {
 	uint32_t total;     /* message length */
 	uint32_t offset;    /* offset of this chunk in the message */
 	uint32_t imm;       /* raw (network order) immediate / invalidate key */
-	uint32_t syndrome;  /* NAK */
+	uint32_t syndrome;  /* NAK; PKT_UD_SEND: the Q_Key */
 	/* atomic operands as in the WQE (FA: add; CS: swap, compare); an
 	 * ATOMIC_RESP carries the original value in swap_add */
 	uint64_t swap_add, compare;
 	uint8_t  op;        /* mlx5 opcode of the request */
-	uint8_t  pad[7];
+	uint8_t  grh;       /* PKT_UD_SEND: the datagram carries a GRH (sgid, dgid below) */
+	uint8_t  pad[6];
+	uint8_t  sgid[16], dgid[16]; /* PKT_UD_SEND with grh */
 	uint8_t  payload[];
 };
 
@@ -108,9 +131,18 @@ struct emu_node {                 /* a peer (or ourselves) on the fabric */
 /* ---- objects -------------------------------------------------------------- */
 struct emu_nic;
 
+struct emu_uar;
 struct emu_context {
 	struct verbs_context vctx;
 	struct emu_nic *nic;
+	int async_wfd;           /* write end of async_fd's pipe: the events the NIC raises */
+	struct emu_uar *cq_uar;  /* page of this context's CQ arm doorbells (UAR + 0x20), on first init_obj(CQ) */
+};
+
+struct emu_ah {             /* an address handle: the mlx5 AV that UD WQEs carry (ref §1.8) */
+	struct ibv_ah ah;
+	struct mlx5_wqe_av av;
+	int is_global;
 };
 
 struct emu_pd { struct ibv_pd pd; uint32_t pdn; };
@@ -138,16 +170,25 @@ struct emu_uar {    /* a UAR page the NIC watches */
 	uint8_t *page;
 	uint32_t page_id;
 	uint64_t last[4];     /* last value seen at 0x800 + i*0x100 */
-	int devx;
+	int devx;             /* polled: 4 doorbell registers 0x800..0xb00 (DevX, or handed out by init_obj) */
+	int cq_page;          /* a context's CQ UAR: only the arm doorbell at 0x20 is sampled */
+	uint64_t last_arm;    /* last value seen at 0x20 */
+	uint8_t bf_seen[4][256]; /* the BlueFlame bytes seen at the last doorbell on each register (doorbell.c) */
 	int refs;             /* verbs QPs sharing it (SIGMATRACE_EMU_BFREG), else 1 */
 	void *devx_obj;       /* struct mlx5dv_devx_uar handed out */
 };
 
 struct emu_cq {
-	struct ibv_cq cq;     /* must be first */
+	union {               /* must be first: ibv_cq_ex starts like ibv_cq */
+		struct ibv_cq cq;
+		struct ibv_cq_ex cqx;
+	};
 	uint32_t cqn;
-	uint8_t *buf;         /* ncqe x 64 B */
+	uint8_t *buf;         /* ncqe slots of cqe_size bytes; the 64-byte CQE is a slot's last 64 bytes */
 	uint32_t ncqe;
+	uint32_t cqe_size;    /* 64 or 128 (mlx5dv_create_cq) */
+	int ignore_overrun;   /* IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN */
+	struct ibv_wc xwc;    /* ibv_cq_ex lazy polling: the current completion */
 	volatile uint32_t *dbrec; /* [0] set_ci, [1] arm */
 	uint32_t pi;          /* NIC producer index */
 	uint32_t ci;          /* consumer (poll_cq) */
@@ -161,15 +202,21 @@ struct emu_cq {
 	uint8_t dbr_storage[64];
 };
 
+/* An SRQ in mlx5 layout: WQEs of a 16-byte next segment (next_wqe_index at
+ * byte 2, BE16) and data segments, linked into a list; the doorbell record
+ * counts the WQEs posted.  The NIC consumes from its head, following the
+ * links, so a library that relinks WQEs (UCX's SRQ_TOPO=list) works. */
 struct emu_srq {
 	struct ibv_srq srq;
 	uint32_t srqn;
 	uint8_t *buf;
 	uint32_t wqe_cnt, stride, max_sge;
 	uint64_t *wrid;
-	volatile uint32_t *dbrec;
-	uint32_t pi;        /* app producer */
-	uint32_t ci;        /* NIC consumer */
+	volatile uint32_t *dbrec;   /* [0] = BE32 count of WQEs posted */
+	uint32_t head, tail;        /* application (rdma-core): next WQE to post, last free WQE */
+	uint16_t counter;           /* application: WQEs posted */
+	uint32_t nic_head;          /* NIC: next WQE to take */
+	uint16_t nic_count;         /* NIC: WQEs taken */
 	uint32_t limit;
 	pthread_spinlock_t plock;
 	uint8_t dbr_storage[64];
@@ -190,12 +237,25 @@ struct emu_inflight {
 
 struct emu_pending { struct emu_pending *next; struct emu_pkt pkt; };
 
+/* A BlueFlame copy the NIC took for the WQE at idx (doorbell.c), executed
+ * instead of the SQ's bytes for its first len bytes. */
+struct emu_bf_snap { uint16_t idx, len; int valid; uint8_t b[256]; };
+#define EMU_BF_SNAPS 4
+
 struct emu_qp {
 	struct ibv_qp_ex qpx;      /* qp_base first */
 	struct emu_nic *nic;
 	uint32_t qpn;
 	uint32_t bf_off;           /* its doorbell register in the UAR page (0x800, 0xa00 when shared) */
+	uint32_t bf_size;          /* 256 once mlx5dv_init_obj handed out BlueFlame registers, else 0 */
 	int devx;
+	int qp_type;               /* IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD */
+	uint32_t qkey;             /* UD */
+	/* doorbell checks (doorbell.c): the last producer index rung on each of
+	 * the page's registers 0x800 + 0x100 * r, valid where bit r of db_seen */
+	uint16_t db_last[4];
+	uint8_t db_seen;
+	struct emu_bf_snap bf_snap[EMU_BF_SNAPS];
 	volatile int state;        /* enum ibv_qp_state */
 	int qp_access;
 	int sq_sig_all;
@@ -250,6 +310,28 @@ struct emu_qp {
 	int in_table;
 };
 
+/* What the NIC counts (SIGMATRACE_EMU_STATS writes them at exit):
+ * X(name, meaning) */
+#define EMU_STATS(X)                                                                          \
+	X(doorbells, "doorbell register values sampled")                                     \
+	X(db_ignored, "doorbells for no QP or a QP not yet in RTS")                          \
+	X(db_stale_pi, "doorbells whose producer index is behind the one rung before on that register") \
+	X(db_pi_overrun, "doorbells whose producer index is more than the ring ahead of the QP") \
+	X(bf_copies, "BlueFlame copies that agreed with the SQ, executed from the copy")     \
+	X(bf_mismatch, "BlueFlame copies that differed from the SQ (the copy is executed)")  \
+	X(bf_superseded, "BlueFlame registers overwritten by a later doorbell before checked") \
+	X(db_only, "8-byte doorbells on a BlueFlame register (no copy: executed from the SQ)") \
+	X(cq_arms, "CQ arm doorbells (UAR + 0x20)")                                          \
+	X(async_events, "async events raised")                                               \
+	X(ud_sent, "UD datagrams sent")                                                      \
+	X(ud_received, "UD datagrams received")                                              \
+	X(ud_dropped, "UD datagrams dropped (no QP, Q_Key mismatch, no receive WQE)")
+struct emu_stats {
+#define EMU_STAT_FIELD(name, what) uint64_t name;
+	EMU_STATS(EMU_STAT_FIELD)
+#undef EMU_STAT_FIELD
+};
+
 struct emu_nic {
 	pthread_mutex_t lock;
 	pthread_t thread;
@@ -283,6 +365,9 @@ struct emu_nic {
 	uint32_t next_pdn, next_uar_id;
 	int have_devx_uars;
 	uint64_t last_liveness_ns;
+	int bf_enabled;  /* SIGMATRACE_EMU_BF (default 1): init_obj(QP) reports bf.size 256 */
+	char stats_path[256]; /* SIGMATRACE_EMU_STATS */
+	struct emu_stats *stats; /* the process's counters (they outlive a released NIC) */
 };
 
 /* ---- helpers shared by the objects' calls -------------------------------- */
@@ -321,6 +406,14 @@ struct emu_nic *emu_nic_get(void);
 void emu_nic_put(struct emu_nic *nic);
 uint64_t emu_now_ns(void);
 void emu_identity(char *name, size_t n, uint64_t *guid, uint32_t *lid, uint8_t gid[16]);
+const struct emu_nic *emu_config(void);
+void emu_stats_write(struct emu_nic *nic);
+
+/* sysfs.c */
+void emu_sysfs_paths(char *ibdev_path, size_t n1, char *dev_path, size_t n2);
+
+/* async.c */
+void emu_async_event(struct ibv_context *c, enum ibv_event_type type, void *element);
 
 /* fabric.c */
 struct emu_gather { const uint8_t *data; uint32_t len; }; /* a piece of a packet's payload */
@@ -328,6 +421,7 @@ long emu_futex(volatile uint32_t *addr, int op, uint32_t val, const struct times
 void emu_nic_kick(struct emu_nic *nic);
 int emu_inbox_create(struct emu_nic *nic);
 struct emu_node *emu_node_by_lid(struct emu_nic *nic, uint32_t lid);
+struct emu_node *emu_node_by_gid(struct emu_nic *nic, const uint8_t gid[16]);
 void emu_resolve_peer(struct emu_qp *qp);
 /* Send one packet (header + payload gathered from g at off) to node n. */
 void emu_node_send(struct emu_node *n, struct emu_pkt *hdr, const struct emu_gather *g, int ng, uint32_t off);
@@ -348,6 +442,11 @@ void emu_uar_free(struct emu_nic *nic, struct emu_uar *u);
 
 /* requester.c */
 void emu_cq_write(struct emu_cq *cq, const struct st_mlx5_cqe64 *cqe);
+void emu_cq_arm(struct emu_cq *cq, int solicited, uint32_t ci); /* cq.c: arm, fire now if due */
+static inline struct st_mlx5_cqe64 *emu_cqe_at(struct emu_cq *cq, uint32_t i)
+{
+	return (struct st_mlx5_cqe64 *)(cq->buf + (size_t)(i & (cq->ncqe - 1)) * cq->cqe_size + (cq->cqe_size - 64));
+}
 void emu_cqe_err(struct emu_cq *cq, struct emu_qp *qp, int resp, uint16_t wqe_idx, uint8_t opcode, uint8_t syndrome);
 void emu_drain_inflight(struct emu_qp *qp);
 void emu_qp_to_error(struct emu_qp *qp);    /* NIC lock held */
@@ -360,6 +459,8 @@ void emu_free_pending(struct emu_qp *qp);
 void emu_flush_rq(struct emu_qp *qp);
 void emu_inbox_dispatch(struct emu_nic *nic, const struct emu_pkt *p);
 int emu_service_pending(struct emu_nic *nic, struct emu_qp *qp);
+void emu_ud_rx(struct emu_nic *nic, const struct emu_pkt *p);
+int emu_srq_take(struct emu_srq *s, uint32_t *wqe); /* srq.c (NIC): 0 and the WQE index, or -1 */
 
 /* doorbell.c */
 int emu_scan_uars(struct emu_nic *nic);

@@ -100,13 +100,7 @@ EXPORT const char *ibv_get_sysfs_path(void) { return "/sys"; }
 EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size) { return -1; }
 EXPORT int ibv_read_ibdev_sysfs_file(char *buf, size_t size, void *sysfs_dev, const char *fnfmt, ...) { return -1; }
 
-/* AH / UD / multicast: not emulated */
-EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *a) { errno = EOPNOTSUPP; return NULL; }
-EXPORT int ibv_destroy_ah(struct ibv_ah *ah) { return EOPNOTSUPP; }
-EXPORT int ibv_init_ah_from_wc(struct ibv_context *c, uint8_t port, struct ibv_wc *wc, struct ibv_grh *grh,
-			       struct ibv_ah_attr *a) { errno = EOPNOTSUPP; return -1; }
-EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh, uint8_t port)
-{ errno = EOPNOTSUPP; return NULL; }
+/* multicast: not emulated (AHs: ah.c) */
 EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) { return EOPNOTSUPP; }
 EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) { return EOPNOTSUPP; }
 EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *c, struct ibv_ah_attr *a, uint8_t eth_mac[6], uint16_t *vid)

@@ -18,6 +18,10 @@ uint32_t emu_pd_num(struct ibv_pd *pd);
 struct emu_cq *emu_cq_new(struct emu_nic *nic, struct ibv_context *c, uint32_t ncqe, void *buf,
 			  volatile uint32_t *dbrec, int devx);
 void emu_cq_free(struct emu_nic *nic, struct emu_cq *cq);
+struct emu_cq *emu_cq_new_sized(struct emu_nic *nic, struct ibv_context *c, uint32_t ncqe, uint32_t cqe_size,
+				void *buf, volatile uint32_t *dbrec, int devx);
+void emu_cq_init_ex_ops(struct emu_cq *cq);
+void *emu_ctx_cq_uar(struct ibv_context *c);
 void emu_qp_apply_reset(struct emu_qp *qp);
 
 /* PRM command status values (as in Linux include/linux/mlx5/device.h; not
@@ -106,7 +110,12 @@ EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
 		o->rq.wqe_cnt = qp->rq_wqe_cnt;
 		o->rq.stride = qp->rq_stride;
 		o->bf.reg = qp->uar + qp->bf_off;
-		o->bf.size = 0; /* no BlueFlame: 8-byte doorbells only */
+		/* BlueFlame (SIGMATRACE_EMU_BF, default on): two 256-byte halves at
+		 * bf.reg and bf.reg ^ 0x100, a WQE copy in either is checked against
+		 * the SQ and executed (doorbell.c).  Not where every QP rings one
+		 * word (SIGMATRACE_EMU_BFREG=word): copies would collide. */
+		o->bf.size = qp->nic->bf_enabled && qp->nic->bfreg_share != 2 ? 256 : 0;
+		qp->bf_size = o->bf.size;
 		if (want & MLX5DV_QP_MASK_UAR_MMAP_OFFSET) {
 			o->comp_mask |= MLX5DV_QP_MASK_UAR_MMAP_OFFSET;
 			o->uar_mmap_offset = 0;
@@ -115,7 +124,7 @@ EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
 		if (qp->uarobj && !qp->uarobj->devx) {
 			pthread_mutex_lock(&qp->nic->lock);
 			qp->uarobj->devx = 1;
-			qp->nic->have_devx_uars++;
+			__atomic_fetch_add(&qp->nic->have_devx_uars, 1, __ATOMIC_RELAXED);
 			pthread_mutex_unlock(&qp->nic->lock);
 		}
 	}
@@ -126,9 +135,12 @@ EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
 		o->buf = cq->buf;
 		o->dbrec = (__be32 *)cq->dbrec;
 		o->cqe_cnt = cq->ncqe;
-		o->cqe_size = 64;
-		o->cq_uar = NULL;
+		o->cqe_size = cq->cqe_size;
+		/* the context's CQ UAR: an arm doorbell at +0x20 (uct_ib_mlx5dv_arm_cq) */
+		o->cq_uar = emu_ctx_cq_uar(cq->cq.context);
 		o->cqn = cq->cqn;
+		if (!o->cq_uar)
+			return ENOMEM;
 	}
 	if (type & MLX5DV_OBJ_SRQ) {
 		struct emu_srq *s = (struct emu_srq *)obj->srq.in;
@@ -149,16 +161,98 @@ EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
 		obj->pd.out->pdn = emu_pd_num(obj->pd.in);
 		obj->pd.out->comp_mask = 0;
 	}
-	if (type & (MLX5DV_OBJ_RWQ | MLX5DV_OBJ_DM | MLX5DV_OBJ_AH))
+	if (type & MLX5DV_OBJ_AH) {
+		obj->ah.out->av = &((struct emu_ah *)obj->ah.in)->av;
+		obj->ah.out->comp_mask = 0;
+	}
+	if (type & (MLX5DV_OBJ_RWQ | MLX5DV_OBJ_DM))
 		return EOPNOTSUPP;
 	return 0;
 }
 
 EXPORT struct mlx5dv_qp_ex *mlx5dv_qp_ex_from_ibv_qp_ex(struct ibv_qp_ex *qp) { errno = EOPNOTSUPP; return NULL; }
+/* An RC/UC/UD QP like ibv_create_qp_ex; of the mlx5 attributes only the
+ * scatter-to-CQE create flags are accepted (the emulated NIC never scatters
+ * into CQEs, which those flags allow but do not require).  DC (UCX probes
+ * DCT support here) and the other mlx5 options fail with EOPNOTSUPP. */
 EXPORT struct ibv_qp *mlx5dv_create_qp(struct ibv_context *c, struct ibv_qp_init_attr_ex *a, struct mlx5dv_qp_init_attr *m)
-{ errno = EOPNOTSUPP; return NULL; }
+{
+	if (m) {
+		const uint64_t flags_ok = MLX5DV_QP_CREATE_ALLOW_SCATTER_TO_CQE | MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE;
+		if ((m->comp_mask & ~(uint64_t)MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS) ||
+		    ((m->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS) && (m->create_flags & ~flags_ok))) {
+			errno = EOPNOTSUPP;
+			return NULL;
+		}
+		if ((m->create_flags & flags_ok) == flags_ok) {
+			errno = EINVAL; /* rdma-core refuses both at once */
+			return NULL;
+		}
+	}
+	if (!a || a->qp_type == IBV_QPT_DRIVER) {
+		errno = a ? EOPNOTSUPP : EINVAL;
+		return NULL;
+	}
+	return ibv_create_qp_ex(c, a);
+}
+
+/* A CQ of 64- or 128-byte CQEs (MLX5DV_CQ_INIT_ATTR_MASK_CQE_SIZE; with 128
+ * the 64-byte CQE is the second half of each slot, rdma-core's layout).
+ * Compressed CQEs and completion timestamps fail with EOPNOTSUPP. */
 EXPORT struct ibv_cq_ex *mlx5dv_create_cq(struct ibv_context *c, struct ibv_cq_init_attr_ex *a, struct mlx5dv_cq_init_attr *m)
-{ errno = EOPNOTSUPP; return NULL; }
+{
+	uint32_t cqe_size = 64;
+	if (!c || !a) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (m) {
+		if (m->comp_mask & ~(uint64_t)(MLX5DV_CQ_INIT_ATTR_MASK_CQE_SIZE | MLX5DV_CQ_INIT_ATTR_MASK_FLAGS)) {
+			errno = EOPNOTSUPP;
+			return NULL;
+		}
+		if (m->comp_mask & MLX5DV_CQ_INIT_ATTR_MASK_CQE_SIZE) {
+			if (m->cqe_size != 64 && m->cqe_size != 128) {
+				errno = EINVAL;
+				return NULL;
+			}
+			cqe_size = m->cqe_size;
+		}
+		if ((m->comp_mask & MLX5DV_CQ_INIT_ATTR_MASK_FLAGS) && (m->flags & ~(uint32_t)MLX5DV_CQ_INIT_ATTR_FLAGS_CQE_PAD)) {
+			errno = EOPNOTSUPP;
+			return NULL;
+		}
+	}
+	const uint64_t wc_ok = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+			       IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL | IBV_WC_EX_WITH_DLID_PATH_BITS;
+	if ((a->comp_mask & ~(uint32_t)IBV_CQ_INIT_ATTR_MASK_FLAGS) || (a->wc_flags & ~wc_ok) ||
+	    ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
+	     (a->flags & ~(uint32_t)(IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN)))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (a->cqe < 1 || a->cqe > 4194303 || a->comp_vector >= (uint32_t)c->num_comp_vectors) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct emu_cq *cq = emu_cq_new_sized(emu_ctx_nic(c), c, roundup_pow2(a->cqe + 1), cqe_size, NULL, NULL, 0);
+	if (!cq) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	cq->ignore_overrun = (a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (a->flags & IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN);
+	cq->cq.cq_context = a->cq_context;
+	cq->cq.channel = a->channel;
+	if (a->channel) {
+		pthread_mutex_lock(&c->mutex);
+		a->channel->refcnt++;
+		pthread_mutex_unlock(&c->mutex);
+	}
+	emu_cq_init_ex_ops(cq);
+	EMU_LOG("mlx5dv_create_cq cqn 0x%x %u x %u B%s", cq->cqn, cq->ncqe, cqe_size,
+		cq->ignore_overrun ? " (overrun ignored)" : "");
+	return &cq->cqx;
+}
 
 /* ---- UAR / UMEM / EQ ------------------------------------------------------- */
 EXPORT struct mlx5dv_devx_uar *mlx5dv_devx_alloc_uar(struct ibv_context *ctx, uint32_t flags)

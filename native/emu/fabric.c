@@ -159,7 +159,7 @@ struct emu_node *emu_node_by_lid(struct emu_nic *nic, uint32_t lid)
 	return node_open(nic, name);
 }
 
-static struct emu_node *node_by_gid(struct emu_nic *nic, const uint8_t gid[16])
+struct emu_node *emu_node_by_gid(struct emu_nic *nic, const uint8_t gid[16])
 {
 	for (int i = 0; i < nic->nnodes; i++)
 		if (!memcmp(nic->nodes[i].gid, gid, 16) && !nic->nodes[i].dead)
@@ -196,7 +196,7 @@ EXPORT void emu_resolve_peer(struct emu_qp *qp)
 	struct emu_nic *nic = qp->nic;
 	static const uint8_t zero[16];
 	if (qp->is_global && memcmp(qp->dgid, zero, 16) && memcmp(qp->dgid, nic->gid, 16))
-		qp->peer = node_by_gid(nic, qp->dgid);
+		qp->peer = emu_node_by_gid(nic, qp->dgid);
 	else if (qp->is_global && !memcmp(qp->dgid, nic->gid, 16))
 		qp->peer = nic->self;
 	else
@@ -378,7 +378,7 @@ void emu_liveness(struct emu_nic *nic)
 	/* QPs connected to a node that never appeared */
 	for (int q = 0; q < nic->nq; q++) {
 		struct emu_qp *qp = nic->qlist[q];
-		if (!qp->peer && (qp->state == IBV_QPS_RTR || qp->state == IBV_QPS_RTS))
+		if (!qp->peer && qp->qp_type != IBV_QPT_UD && (qp->state == IBV_QPS_RTR || qp->state == IBV_QPS_RTS))
 			emu_resolve_peer(qp);
 	}
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 EXPORT int emu_debug;
 
 static struct emu_nic *g_nic;
+static struct emu_stats g_stats; /* the process's NIC counters */
 static pthread_mutex_t g_nic_lock = PTHREAD_MUTEX_INITIALIZER;
 
 uint64_t emu_now_ns(void)
@@ -58,12 +60,17 @@ static void parse_gid(const char *s, uint8_t gid[16])
 static void nic_config(struct emu_nic *nic)
 {
 	const char *e;
-	emu_debug = (e = getenv("SIGMATRACE_EMU_DEBUG")) && *e && *e != '0';
+	e = getenv("SIGMATRACE_EMU_DEBUG");
+	emu_debug = !e || !*e || !strcmp(e, "0") ? 0 : !strcmp(e, "errors") ? 1 : 2;
 	/* Busy-poll instead of sleeping when idle: for latency baselines on machines
 	 * with a core to spare (a sleeping NIC thread would set the baseline). */
 	nic->busy_poll = (e = getenv("SIGMATRACE_EMU_NIC_SPIN")) && *e && *e != '0';
 	e = getenv("SIGMATRACE_EMU_BFREG");
 	nic->bfreg_share = !e ? 0 : !strcmp(e, "page") ? 1 : !strcmp(e, "word") ? 2 : 0;
+	e = getenv("SIGMATRACE_EMU_BF");
+	nic->bf_enabled = !(e && *e == '0');
+	e = getenv("SIGMATRACE_EMU_STATS");
+	snprintf(nic->stats_path, sizeof nic->stats_path, "%s", e ? e : "");
 	e = getenv("SIGMATRACE_EMU_DEV_NAME");
 	snprintf(nic->dev_name, sizeof nic->dev_name, "%s", e && *e ? e : "mlx5_0");
 	e = getenv("SIGMATRACE_EMU_FABRIC");
@@ -93,6 +100,11 @@ static int work_pending(struct emu_nic *nic)
 	if (nic->inbox->head != __atomic_load_n(&nic->inbox->tail, __ATOMIC_ACQUIRE))
 		return 1;
 	for (struct emu_uar *u = nic->uars; u; u = u->next) {
+		if (u->cq_page) {
+			if (__atomic_load_n((uint64_t *)(u->page + ST_MLX5_CQ_DOORBELL), __ATOMIC_ACQUIRE) != u->last_arm)
+				return 1;
+			continue;
+		}
 		int nreg = u->devx ? 4 : 1;
 		for (int r = 0; r < nreg; r++)
 			if (__atomic_load_n((uint64_t *)(u->page + ST_MLX5_BF_OFFSET + 0x100 * r), __ATOMIC_ACQUIRE) != u->last[r])
@@ -116,7 +128,11 @@ static void *nic_main(void *arg)
 {
 	struct emu_nic *nic = arg;
 	unsigned idle = 0;
+	EMU_DEVICE_THREAD();
 	uint64_t backoff_us = 20;
+	/* short sleeps must be short: the default 50 us timer slack would set the
+	 * latency of raw doorbells */
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	while (__atomic_load_n(&nic->running, __ATOMIC_ACQUIRE)) {
 		int work = 0;
 		pthread_mutex_lock(&nic->lock);
@@ -143,7 +159,17 @@ static void *nic_main(void *arg)
 #endif
 			continue;
 		}
-		if (++idle < 64) {
+		/* Raw doorbells (polled pages: DevX UARs, init_obj QPs, CQ arm pages)
+		 * come without a kick.  Their writers usually spin on memory (UCX
+		 * rc_mlx5 polls its CQs itself): a NIC thread spinning with
+		 * sched_yield beside them gets the CPU back only when a time slice
+		 * ends (ms on 2 cores).  So these NICs do not spin: they sleep
+		 * 10 us at a time -- a wakeup preempts the spinner -- for the first
+		 * ~300 idle rounds, then back off to 2 ms.  Without polled pages a
+		 * verbs call kicks the NIC: spin briefly, then sleep until kicked. */
+		int polled = __atomic_load_n(&nic->have_devx_uars, __ATOMIC_RELAXED) > 0;
+		++idle;
+		if (!polled && idle < 64) {
 			sched_yield();
 			continue;
 		}
@@ -157,25 +183,63 @@ static void *nic_main(void *arg)
 			uint64_t us;
 			if (backlog)
 				us = 200;
-			else if (nic->have_devx_uars)
-				us = backoff_us;
+			else if (polled)
+				us = idle < 300 ? 10 : backoff_us;
 			else
 				us = 50000;
 			struct timespec ts = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000 };
 			emu_futex(&nic->inbox->wake_seq, FUTEX_WAIT, seq, &ts);
-			if (backoff_us < 2000)
+			if (backoff_us < 2000 && (!polled || idle >= 300))
 				backoff_us *= 2;
 		}
 		__atomic_store_n(&nic->inbox->sleeping, 0, __ATOMIC_SEQ_CST);
-		idle = 32; /* a short spin after waking */
+		if (!polled)
+			idle = 32; /* a short spin after waking */
 	}
+	EMU_DEVICE_THREAD_END();
 	return NULL;
+}
+
+/* SIGMATRACE_EMU_STATS=<path> ("%p" becomes the pid): the NIC's counters
+ * as one JSON object, written when the NIC is released or the process exits. */
+EXPORT void emu_stats_write(struct emu_nic *nic)
+{
+	if (!nic->stats_path[0])
+		return;
+	char path[300], tmp[320];
+	const char *s = nic->stats_path;
+	size_t o = 0;
+	for (; *s && o < sizeof path - 16; s++) {
+		if (s[0] == '%' && s[1] == 'p') {
+			o += (size_t)snprintf(path + o, sizeof path - o, "%d", (int)getpid());
+			s++;
+		} else {
+			path[o++] = *s;
+		}
+	}
+	path[o] = 0;
+	snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+	FILE *f = fopen(tmp, "w");
+	if (!f)
+		return;
+	fprintf(f, "{\"pid\": %d, \"lid\": %u, \"fabric\": \"%s\", \"dev\": \"%s\"", (int)getpid(), nic->lid,
+		nic->fabric, nic->dev_name);
+#define EMU_STAT_JSON(name, what) fprintf(f, ", \"%s\": %llu", #name, (unsigned long long)nic->stats->name);
+	EMU_STATS(EMU_STAT_JSON)
+#undef EMU_STAT_JSON
+	fprintf(f, "}\n");
+	if (fclose(f) == 0)
+		rename(tmp, path);
+	else
+		unlink(tmp);
 }
 
 static void emu_atexit(void)
 {
 	if (g_nic && g_nic->shm_name[0])
 		shm_unlink(g_nic->shm_name);
+	if (g_nic)
+		emu_stats_write(g_nic);
 }
 
 EXPORT struct emu_nic *emu_nic_get(void)
@@ -196,6 +260,7 @@ EXPORT struct emu_nic *emu_nic_get(void)
 	pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
 	pthread_mutex_init(&nic->lock, &a);
 	nic_config(nic);
+	nic->stats = &g_stats;
 	if (emu_inbox_create(nic)) {
 		free(nic);
 		pthread_mutex_unlock(&g_nic_lock);
@@ -242,25 +307,35 @@ EXPORT void emu_nic_put(struct emu_nic *nic)
 	}
 	shm_unlink(nic->shm_name);
 	nic->shm_name[0] = 0;
+	emu_stats_write(nic);
 	g_nic = NULL;
 	pthread_mutex_unlock(&g_nic_lock);
 	/* the struct and mappings are left for late readers (process exit frees them) */
 }
 
+/* The configuration in force: the running NIC's, else a snapshot read from
+ * the environment (query_* and the device list start nothing). */
+EXPORT const struct emu_nic *emu_config(void)
+{
+	static struct emu_nic *cfg;
+	if (g_nic)
+		return g_nic;
+	if (!cfg) {
+		struct emu_nic *c = calloc(1, sizeof *c);
+		if (!c)
+			return NULL;
+		nic_config(c);
+		cfg = c;
+	}
+	return cfg;
+}
+
 /* Snapshot of the identity, used by query_* without starting anything. */
 EXPORT void emu_identity(char *name, size_t n, uint64_t *guid, uint32_t *lid, uint8_t gid[16])
 {
-	static struct emu_nic *cfg;
-	struct emu_nic *src = g_nic;
-	if (!src) {
-		if (!cfg) {
-			cfg = calloc(1, sizeof *cfg);
-			if (!cfg)
-				return;
-			nic_config(cfg);
-		}
-		src = cfg;
-	}
+	const struct emu_nic *src = emu_config();
+	if (!src)
+		return;
 	if (name)
 		snprintf(name, n, "%s", src->dev_name);
 	if (guid)

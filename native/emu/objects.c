@@ -87,8 +87,8 @@ EXPORT struct emu_uar *emu_uar_alloc(struct emu_nic *nic, int devx)
 	u->refs = 1;
 	u->next = nic->uars;
 	nic->uars = u;
-	if (devx)
-		nic->have_devx_uars++;
+	if (devx) /* read by the NIC thread without the lock (its idle back-off) */
+		__atomic_fetch_add(&nic->have_devx_uars, 1, __ATOMIC_RELAXED);
 	return u;
 }
 
@@ -99,8 +99,8 @@ EXPORT void emu_uar_free(struct emu_nic *nic, struct emu_uar *u)
 			*pp = u->next;
 			break;
 		}
-	if (u->devx)
-		nic->have_devx_uars--;
+	if (u->devx || u->cq_page)
+		__atomic_fetch_sub(&nic->have_devx_uars, 1, __ATOMIC_RELAXED);
 	free(u->page);
 	free(u);
 }

@@ -43,6 +43,17 @@ static void sq_copy_in(struct emu_qp *qp, uint32_t idx, uint32_t off, const void
 	}
 }
 
+/* The datagram segment of a UD WQE (ref §1.8): the AH's address vector with
+ * the destination QP and Q_Key, as rdma-core's set_datagram_seg writes it. */
+static void set_datagram_seg(struct emu_qp *qp, uint32_t idx, uint32_t off, struct ibv_ah *ah, uint32_t rqpn,
+			     uint32_t qkey)
+{
+	struct mlx5_wqe_av av = ((struct emu_ah *)ah)->av;
+	av.dqp_dct = htobe32(rqpn | MLX5_EXTENDED_UD_AV);
+	av.key.qkey.qkey = htobe32(qkey);
+	sq_copy_in(qp, idx, off, &av, sizeof av);
+}
+
 static int wr_to_mlx5_opcode(enum ibv_wr_opcode op)
 {
 	switch (op) {
@@ -77,6 +88,15 @@ int emu_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_w
 		}
 		uint32_t idx = qp->sq_pi;
 		uint32_t off = 16;
+		int is_ud = qp->qp_type == IBV_QPT_UD;
+		if (is_ud && opc != ST_MLX5_OPCODE_SEND && opc != ST_MLX5_OPCODE_SEND_IMM) {
+			err = EINVAL;
+			break;
+		}
+		if (is_ud && !wr->wr.ud.ah) {
+			err = EINVAL;
+			break;
+		}
 		int is_rdma = opc == ST_MLX5_OPCODE_RDMA_WRITE || opc == ST_MLX5_OPCODE_RDMA_WRITE_IMM ||
 			      opc == ST_MLX5_OPCODE_RDMA_READ;
 		int is_atomic = opc == ST_MLX5_OPCODE_ATOMIC_CS || opc == ST_MLX5_OPCODE_ATOMIC_FA;
@@ -90,19 +110,23 @@ int emu_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_w
 				err = EINVAL;
 				break;
 			}
-			ds = 1 + (is_rdma ? 1 : 0) + (inl ? st_mlx5_inline_ds(inl) : 0);
+			ds = 1 + (is_rdma ? 1 : 0) + (is_ud ? 3 : 0) + (inl ? st_mlx5_inline_ds(inl) : 0);
 		} else {
 			int nsg = 0;
 			for (int i = 0; i < wr->num_sge; i++)
 				nsg += wr->sg_list[i].length ? 1 : 0;
 			if (is_atomic)
 				nsg = 1;
-			ds = 1 + ((is_rdma || is_atomic) ? 1 : 0) + (is_atomic ? 1 : 0) + (uint32_t)nsg;
+			ds = 1 + ((is_rdma || is_atomic) ? 1 : 0) + (is_atomic ? 1 : 0) + (is_ud ? 3 : 0) + (uint32_t)nsg;
 		}
 		uint32_t nbb = st_mlx5_wqebbs(ds);
 		if (qp->sq_pi + nbb - qp->sq_tail > qp->sq_wqebb) {
 			err = ENOMEM;
 			break;
+		}
+		if (is_ud) {
+			set_datagram_seg(qp, idx, off, wr->wr.ud.ah, wr->wr.ud.remote_qpn, wr->wr.ud.remote_qkey);
+			off += sizeof(struct mlx5_wqe_av);
 		}
 		if (is_rdma || is_atomic) {
 			uint64_t ra = is_atomic ? wr->wr.atomic.remote_addr : wr->wr.rdma.remote_addr;
@@ -247,14 +271,39 @@ int emu_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_w
 	return err;
 }
 
+/* rdma-core's mlx5 SRQ posting: the WQE at the head of the free list gets
+ * the scatter list, the head moves along its link, the doorbell record
+ * counts it.  The list is full when head meets tail (one WQE stays free). */
 int emu_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct emu_srq *s = (struct emu_srq *)srq;
+	int err = 0, n = 0;
 	pthread_spin_lock(&s->plock);
-	/* room: the max_wr srq_create reported, one less than the ring */
-	struct recv_ring ring = { s->buf, s->stride, s->wqe_cnt, s->max_sge, s->wqe_cnt - 1,
-				  s->wrid, &s->pi, &s->ci, &s->dbrec[0], to_ectx(srq->context)->nic };
-	int err = post_recv_ring(&ring, wr, bad);
+	for (; wr; wr = wr->next) {
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > s->max_sge) {
+			err = EINVAL;
+			break;
+		}
+		if (s->head == s->tail) {
+			err = ENOMEM;
+			break;
+		}
+		uint8_t *w = s->buf + (size_t)s->head * s->stride;
+		write_recv_wqe(w + 16, s->stride - 16, wr);
+		s->wrid[s->head] = wr->wr_id;
+		uint16_t next;
+		memcpy(&next, w + 2, 2);
+		s->head = be16toh(next) & (s->wqe_cnt - 1);
+		s->counter++;
+		n++;
+	}
+	if (n) {
+		__atomic_thread_fence(__ATOMIC_RELEASE);
+		s->dbrec[0] = htobe32(s->counter);
+		emu_nic_kick(to_ectx(srq->context)->nic);
+	}
+	if (err)
+		*bad = wr;
 	pthread_spin_unlock(&s->plock);
 	return err;
 }
@@ -335,7 +384,18 @@ static void x_unsupported(struct ibv_qp_ex *q) { xq(q)->wr_err = EOPNOTSUPP; }
 static void x_local_inv(struct ibv_qp_ex *q, uint32_t k) { x_unsupported(q); }
 static void x_bind_mw(struct ibv_qp_ex *q, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *bi) { x_unsupported(q); }
 static void x_send_tso(struct ibv_qp_ex *q, void *h, uint16_t hs, uint16_t mss) { x_unsupported(q); }
-static void x_set_ud_addr(struct ibv_qp_ex *q, struct ibv_ah *ah, uint32_t rqpn, uint32_t qkey) { x_unsupported(q); }
+static void x_set_ud_addr(struct ibv_qp_ex *q, struct ibv_ah *ah, uint32_t rqpn, uint32_t qkey)
+{
+	struct emu_qp *qp = xq(q);
+	if (!qp->wr_ctrl)
+		return;
+	if (qp->qp_type != IBV_QPT_UD || !ah) {
+		qp->wr_err = EINVAL;
+		return;
+	}
+	set_datagram_seg(qp, qp->sq_pi, qp->wr_ds * 16, ah, rqpn, qkey);
+	qp->wr_ds += sizeof(struct mlx5_wqe_av) / 16;
+}
 static void x_set_xrc_srqn(struct ibv_qp_ex *q, uint32_t srqn) { x_unsupported(q); }
 static void x_atomic_write(struct ibv_qp_ex *q, uint32_t rkey, uint64_t addr, const void *v) { x_unsupported(q); }
 

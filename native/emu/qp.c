@@ -11,8 +11,8 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 				       uint64_t send_ops)
 {
 	struct emu_nic *nic = to_ectx(c)->nic;
-	if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UC) {
-		errno = EOPNOTSUPP; /* UD/XRC/RAW are not emulated */
+	if (ia->qp_type != IBV_QPT_RC && ia->qp_type != IBV_QPT_UC && ia->qp_type != IBV_QPT_UD) {
+		errno = EOPNOTSUPP; /* XRC/RAW/DRIVER (DC) are not emulated */
 		return NULL;
 	}
 	if (!ia->send_cq || (!ia->recv_cq && !ia->srq) || ia->cap.max_send_wr > 16384 || ia->cap.max_recv_wr > 32768 ||
@@ -24,18 +24,20 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 	struct emu_qp *qp = emu_zalloc(sizeof *qp);
 	if (!qp)
 		return NULL;
-	/* send WQE size: ctrl + raddr + max(sges, inline, atomic) (ref §1) */
-	uint32_t sge_bytes = 32 + 16 * (ia->cap.max_send_sge ? ia->cap.max_send_sge : 1);
-	uint32_t inl_bytes = 32 + ((4 + ia->cap.max_inline_data + 15) & ~15u);
+	/* send WQE size: ctrl + raddr (UD: ctrl + datagram segment) +
+	 * max(sges, inline, atomic) (ref §1) */
+	uint32_t hdr = ia->qp_type == IBV_QPT_UD ? 16 + (uint32_t)sizeof(struct mlx5_wqe_av) : 32;
+	uint32_t sge_bytes = hdr + 16 * (ia->cap.max_send_sge ? ia->cap.max_send_sge : 1);
+	uint32_t inl_bytes = hdr + ((4 + ia->cap.max_inline_data + 15) & ~15u);
 	uint32_t wqe = sge_bytes > inl_bytes ? sge_bytes : inl_bytes;
 	if (wqe < 64)
 		wqe = 64;
 	wqe = (wqe + 63) & ~63u;
 	qp->sq_max_wqe_bb = wqe / 64;
-	qp->max_inline = wqe - 32 - 4;
+	qp->max_inline = wqe - hdr - 4;
 	if (qp->max_inline > EMU_MAX_INLINE)
 		qp->max_inline = EMU_MAX_INLINE;
-	qp->max_send_sge = (wqe - 32) / 16;
+	qp->max_send_sge = (wqe - hdr) / 16;
 	if (qp->max_send_sge > EMU_MAX_SGE - 2)
 		qp->max_send_sge = EMU_MAX_SGE - 2;
 	uint32_t swr = ia->cap.max_send_wr ? ia->cap.max_send_wr : 1;
@@ -74,6 +76,7 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 	qp->rcq = ia->recv_cq ? to_ecq(ia->recv_cq) : NULL;
 	qp->srq = ia->srq ? (struct emu_srq *)ia->srq : NULL;
 	qp->sq_sig_all = ia->sq_sig_all;
+	qp->qp_type = ia->qp_type;
 	qp->state = IBV_QPS_RESET;
 	pthread_mutex_lock(&nic->lock);
 	qp->bf_off = ST_MLX5_BF_OFFSET;
@@ -144,7 +147,12 @@ struct ibv_qp *emu_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_attr_e
 		errno = EINVAL;
 		return NULL;
 	}
-	if (a->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) {
+	if (a->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+				       IBV_QP_INIT_ATTR_CREATE_FLAGS)) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if ((a->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && a->create_flags) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
@@ -215,6 +223,9 @@ EXPORT void emu_qp_apply_reset(struct emu_qp *qp)
 	emu_qp_reset_nic_state(qp);
 	qp->sq_pi = qp->sq_tail = 0;
 	qp->rq_pi = qp->rq_tail = 0;
+	qp->db_seen = 0;
+	for (int i = 0; i < EMU_BF_SNAPS; i++)
+		qp->bf_snap[i].valid = 0;
 	if (qp->dbrec) {
 		qp->dbrec[0] = 0;
 		qp->dbrec[1] = 0;
@@ -237,7 +248,8 @@ EXPORT void emu_qp_apply_reset(struct emu_qp *qp)
 	X(IBV_QP_TIMEOUT, timeout, timeout)                   \
 	X(IBV_QP_RETRY_CNT, retry_cnt, retry_cnt)             \
 	X(IBV_QP_RNR_RETRY, rnr_retry, rnr_retry)             \
-	X(IBV_QP_MIN_RNR_TIMER, min_rnr_timer, min_rnr_timer)
+	X(IBV_QP_MIN_RNR_TIMER, min_rnr_timer, min_rnr_timer) \
+	X(IBV_QP_QKEY, qkey, qkey)
 
 EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 {
@@ -250,7 +262,13 @@ EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask
 	if (!err && (mask & IBV_QP_STATE)) {
 		int rc = ibqp->qp_type == IBV_QPT_RC;
 		int need = 0;
-		if (cur == IBV_QPS_RESET && nw == IBV_QPS_INIT)
+		if (ibqp->qp_type == IBV_QPT_UD) {
+			/* UD: no path, no remote QP (IB spec; rdma-core/kernel masks) */
+			if (cur == IBV_QPS_RESET && nw == IBV_QPS_INIT)
+				need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+			else if (cur == IBV_QPS_RTR && nw == IBV_QPS_RTS)
+				need = IBV_QP_SQ_PSN;
+		} else if (cur == IBV_QPS_RESET && nw == IBV_QPS_INIT)
 			need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
 		else if (cur == IBV_QPS_INIT && nw == IBV_QPS_RTR)
 			need = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -284,7 +302,7 @@ EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask
 			emu_qp_apply_reset(qp);
 		} else if (nw == IBV_QPS_ERR) {
 			emu_qp_to_error(qp);
-		} else if (nw == IBV_QPS_RTR) {
+		} else if (nw == IBV_QPS_RTR && ibqp->qp_type != IBV_QPT_UD) {
 			emu_resolve_peer(qp);
 		}
 		qp->state = nw;

@@ -9,35 +9,27 @@
 #include "emu_internal.h"
 
 /* ---- CQE writing (ref §2.2) ------------------------------------------------ */
+void emu_cq_written(struct emu_cq *cq, uint8_t op_own); /* cq.c: the arm */
+
 EXPORT void emu_cq_write(struct emu_cq *cq, const struct st_mlx5_cqe64 *cqe)
 {
 	pthread_mutex_lock(&cq->lock);
 	uint32_t n = cq->ncqe;
-	if (!cq->collapsed) {
-		uint32_t ci = be32toh(cq->dbrec[ST_MLX5_CQ_SET_CI]) & 0xffffff;
+	if (!cq->collapsed && !cq->ignore_overrun) {
+		/* the doorbell record is host memory the consumer updates while the NIC reads it */
+		uint32_t ci = be32toh(__atomic_load_n(&cq->dbrec[ST_MLX5_CQ_SET_CI], __ATOMIC_RELAXED)) & 0xffffff;
 		if (((cq->pi - ci) & 0xffffff) >= n) {
 			static int warned;
 			if (!warned++)
 				fprintf(stderr, "sigmatrace-emu: CQ 0x%x overrun (pi %u ci %u n %u)\n", cq->cqn, cq->pi, ci, n);
 		}
 	}
-	uint8_t *slot = cq->buf + (cq->collapsed ? 0 : (size_t)(cq->pi & (n - 1)) * 64);
+	uint8_t *slot = (uint8_t *)emu_cqe_at(cq, cq->collapsed ? 0 : cq->pi);
 	memcpy(slot, cqe, 63);
 	uint8_t op_own = (uint8_t)((cqe->op_own & 0xfe) | (!!(cq->pi & n)));
 	__atomic_store_n(slot + 63, op_own, __ATOMIC_RELEASE);
 	cq->pi++;
-	if (cq->armed) {
-		uint8_t opc = op_own >> 4;
-		int fire = !cq->arm_sol || (op_own & 2) || opc == ST_MLX5_CQE_REQ_ERR || opc == ST_MLX5_CQE_RESP_ERR;
-		if (fire && cq->cq.channel) {
-			cq->armed = 0;
-			struct ibv_cq *p = &cq->cq;
-			int wfd = ((struct emu_channel *)cq->cq.channel)->wfd;
-			ssize_t r = write(wfd, &p, sizeof p);
-			(void)r;
-			cq->events++;
-		}
-	}
+	emu_cq_written(cq, op_own);
 	pthread_mutex_unlock(&cq->lock);
 }
 
@@ -101,6 +93,7 @@ void emu_drain_inflight(struct emu_qp *qp)
 
 EXPORT void emu_qp_to_error(struct emu_qp *qp)
 {
+	int was_err = qp->state == IBV_QPS_ERR;
 	qp->state = IBV_QPS_ERR;
 	qp->qpx.qp_base.state = IBV_QPS_ERR;
 	for (uint32_t i = qp->inflight_head; i != qp->inflight_tail; i++) {
@@ -114,6 +107,9 @@ EXPORT void emu_qp_to_error(struct emu_qp *qp)
 	emu_free_pending(qp);
 	qp->resp_active = 0;
 	emu_flush_rq(qp);
+	/* IB spec 11.6.3: a QP on an SRQ that enters the error state raises Last WQE Reached */
+	if (!was_err && qp->srq && !qp->devx)
+		emu_async_event(qp->qpx.qp_base.context, IBV_EVENT_QP_LAST_WQE_REACHED, &qp->qpx.qp_base);
 }
 
 EXPORT void emu_qp_reset_nic_state(struct emu_qp *qp)
@@ -125,6 +121,9 @@ EXPORT void emu_qp_reset_nic_state(struct emu_qp *qp)
 	qp->resp_err = 0;
 	emu_free_pending(qp);
 	qp->peer = NULL;
+	qp->db_seen = 0;
+	for (int i = 0; i < EMU_BF_SNAPS; i++)
+		qp->bf_snap[i].valid = 0;
 }
 
 /* Copy `len` bytes of the WQE that starts at WQEBB index `idx` (ring wrap aware). */
@@ -144,14 +143,130 @@ static void sq_read(struct emu_qp *qp, uint32_t idx, uint32_t off, void *dst, ui
 	}
 }
 
+/* The WQE at idx as the NIC takes it: the SQ's bytes, except for the first
+ * bytes of a BlueFlame copy taken for it (doorbell.c), which win. */
+static void wqe_fetch(struct emu_qp *qp, uint32_t idx, void *dst, uint32_t len, int consume)
+{
+	sq_read(qp, idx, 0, dst, len);
+	for (int i = 0; i < EMU_BF_SNAPS; i++) {
+		struct emu_bf_snap *b = &qp->bf_snap[i];
+		if (!b->valid || b->idx != (uint16_t)idx)
+			continue;
+		memcpy(dst, b->b, b->len < len ? b->len : len);
+		if (consume)
+			b->valid = 0;
+	}
+}
+
 enum { EXEC_DONE = 0, EXEC_STALL = 1 };
+
+/* A UD SEND (ref §1.8): ctrl, datagram segment (the AV: destination LID or
+ * GID, QPN, Q_Key), then data/inline segments.  Unreliable: the datagram goes
+ * to the fabric (or nowhere) and the WQE completes at once. */
+static int exec_ud(struct emu_nic *nic, struct emu_qp *qp, struct emu_inflight *f, const uint8_t *w, uint32_t ds,
+		   uint32_t opcode, const struct st_mlx5_wqe_ctrl_seg *ctrl)
+{
+	f->done = 1;
+	if (opcode != ST_MLX5_OPCODE_SEND && opcode != ST_MLX5_OPCODE_SEND_IMM) {
+		f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR;
+		return EXEC_DONE;
+	}
+	if (ds * 16 < 16 + 16) {
+		f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR;
+		return EXEC_DONE;
+	}
+	struct mlx5_wqe_av av;
+	memset(&av, 0, sizeof av);
+	uint32_t dqp_dct;
+	memcpy(&dqp_dct, w + 16 + offsetof(struct mlx5_wqe_av, dqp_dct), 4);
+	int ext = !!(be32toh(dqp_dct) & MLX5_EXTENDED_UD_AV);
+	uint32_t avlen = ext ? sizeof av : 16; /* a compact AV is its first 16 bytes */
+	memcpy(&av, w + 16, avlen);
+	uint32_t off = 16 + avlen;
+	struct emu_pkt h;
+	memset(&h, 0, sizeof h);
+	h.type = PKT_UD_SEND;
+	h.flags = PF_FIRST | PF_LAST;
+	h.dst_qpn = be32toh(av.dqp_dct) & 0xffffff;
+	h.src_qpn = qp->qpn;
+	h.src_lid = nic->lid;
+	h.op = (uint8_t)opcode;
+	uint32_t qkey = be32toh(av.key.qkey.qkey);
+	h.syndrome = (qkey & 0x80000000u) ? qp->qkey : qkey; /* high bit: the QP's own Q_Key */
+	if (opcode == ST_MLX5_OPCODE_SEND_IMM) {
+		h.imm = ctrl->imm;
+		h.flags |= PF_IMM;
+	}
+	if (ctrl->fm_ce_se & ST_MLX5_WQE_CTRL_SOLICITED)
+		h.flags |= 0x10;
+	int global = ext && (be32toh(av.grh_gid_fl) & (1u << 30));
+	if (global) {
+		h.grh = 1;
+		memcpy(h.sgid, nic->gid, 16);
+		memcpy(h.dgid, av.rgid, 16);
+	}
+	struct emu_gather g[EMU_MAX_SGE + 4];
+	int ng = 0;
+	uint64_t total = 0;
+	while (off + 4 <= ds * 16 && ng < EMU_MAX_SGE + 4) {
+		uint32_t bc;
+		memcpy(&bc, w + off, 4);
+		bc = be32toh(bc);
+		if (bc & ST_MLX5_INLINE_SEG) {
+			uint32_t len = bc & 0x3ff;
+			if (off + 4 + len > ds * 16) {
+				f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR;
+				return EXEC_DONE;
+			}
+			g[ng].data = w + off + 4;
+			g[ng++].len = len;
+			total += len;
+			off += (4 + len + 15) & ~15u;
+		} else {
+			if (off + 16 > ds * 16)
+				break;
+			const struct st_mlx5_wqe_data_seg *d = (const void *)(w + off);
+			off += 16;
+			uint32_t len = bc, lkey = be32toh(d->lkey);
+			uint64_t addr = be64toh(d->addr);
+			if (emu_check_local(nic, lkey, addr, len, 0)) {
+				f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR;
+				return EXEC_DONE;
+			}
+			g[ng].data = (const uint8_t *)(uintptr_t)addr;
+			g[ng++].len = len;
+			total += len;
+		}
+	}
+	if (total > EMU_PKT_MAX) {
+		f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR;
+		return EXEC_DONE;
+	}
+	f->byte_len = (uint32_t)total;
+	h.len = h.total = (uint32_t)total;
+	struct emu_node *n;
+	if (global)
+		n = !memcmp(av.rgid, nic->gid, 16) ? nic->self : emu_node_by_gid(nic, av.rgid);
+	else
+		n = emu_node_by_lid(nic, be16toh(av.rlid));
+	nic->stats->ud_sent++;
+	if (!n || n->dead) {
+		EMU_LOG("qp 0x%x UD datagram to %s %u: no such node (dropped)", qp->qpn, global ? "gid of lid" : "lid",
+			be16toh(av.rlid));
+		return EXEC_DONE;
+	}
+	EMU_LOG("qp 0x%x UD send %u B to lid %u qpn 0x%x%s", qp->qpn, (unsigned)total, n->lid, h.dst_qpn,
+		global ? " (GRH)" : "");
+	emu_node_send(n, &h, g, ng, 0);
+	return EXEC_DONE;
+}
 
 static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 {
 	uint32_t idx = qp->sq_exec & 0xffff;
 	uint8_t w[ST_MLX5_SEND_WQE_MAX_WQEBBS * 64];
 	struct st_mlx5_wqe_ctrl_seg ctrl;
-	sq_read(qp, idx, 0, &ctrl, sizeof ctrl);
+	wqe_fetch(qp, idx, &ctrl, sizeof ctrl, 0);
 	uint32_t ds = st_mlx5_ctrl_ds(&ctrl);
 	uint32_t opcode = st_mlx5_ctrl_opcode(&ctrl), opmod = st_mlx5_ctrl_opmod(&ctrl);
 	if (ds == 0)
@@ -163,7 +278,7 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 		return EXEC_STALL;
 	if (qp->inflight_tail - qp->inflight_head >= qp->inflight_cap)
 		return EXEC_STALL;
-	sq_read(qp, idx, 0, w, ds * 16);
+	wqe_fetch(qp, idx, w, ds * 16, 1);
 	int signaled = (ctrl.fm_ce_se & ST_MLX5_WQE_CTRL_CE_MASK) == ST_MLX5_WQE_CTRL_CQ_UPDATE ||
 		       (ctrl.fm_ce_se & ST_MLX5_WQE_CTRL_CE_MASK) == ST_MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE;
 	struct emu_inflight *f = inflight_push(qp);
@@ -183,6 +298,8 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 		f->done = 1;
 		return EXEC_DONE;
 	}
+	if (qp->qp_type == IBV_QPT_UD)
+		return exec_ud(nic, qp, f, w, ds, opcode, &ctrl);
 	if (!qp->peer || qp->peer->dead) {
 		if (!qp->peer)
 			emu_resolve_peer(qp);

@@ -60,11 +60,8 @@ static int check_remote(struct emu_nic *nic, struct emu_qp *qp, uint32_t rkey, u
 static int take_recv(struct emu_qp *qp, uint32_t *wqe, int *from_srq)
 {
 	if (qp->srq) {
-		struct emu_srq *s = qp->srq;
-		uint32_t prod = be32toh(s->dbrec[0]) & 0xffff;
-		if ((uint16_t)(prod - s->ci) == 0)
+		if (emu_srq_take(qp->srq, wqe))
 			return -1;
-		*wqe = s->ci++;
 		*from_srq = 1;
 		return 0;
 	}
@@ -82,20 +79,16 @@ static int take_recv(struct emu_qp *qp, uint32_t *wqe, int *from_srq)
 static int scatter_recv(struct emu_nic *nic, struct emu_qp *qp, uint32_t wqe, int from_srq,
 			uint32_t off, const uint8_t *src, uint32_t len, uint32_t total)
 {
-	uint8_t *base;
-	uint32_t stride, cnt;
-	if (from_srq) {
-		base = qp->srq->buf;
-		stride = qp->srq->stride;
-		cnt = qp->srq->wqe_cnt;
+	const uint8_t *wq;
+	uint32_t nseg;
+	if (from_srq) { /* SRQ WQE: next segment, then data segments */
+		wq = qp->srq->buf + (size_t)(wqe & (qp->srq->wqe_cnt - 1)) * qp->srq->stride + 16;
+		nseg = (qp->srq->stride - 16) / 16;
 	} else {
-		base = qp->rq_buf;
-		stride = qp->rq_stride;
-		cnt = qp->rq_wqe_cnt;
+		wq = qp->rq_buf + (size_t)(wqe & (qp->rq_wqe_cnt - 1)) * qp->rq_stride;
+		nseg = qp->rq_stride / 16;
 	}
-	const uint8_t *wq = base + (size_t)(wqe & (cnt - 1)) * stride;
 	uint64_t cap = 0;
-	uint32_t nseg = stride / 16;
 	for (uint32_t i = 0; i < nseg; i++) {
 		const struct st_mlx5_wqe_data_seg *d = (const void *)(wq + 16 * i);
 		if (be32toh(d->lkey) == ST_MLX5_INVALID_LKEY)
@@ -144,6 +137,8 @@ static void cqe_resp(struct emu_qp *qp, uint8_t cqe_op, uint32_t wqe, int from_s
 	c.op_own = (uint8_t)((cqe_op << 4) | ((p->flags & 0x10) ? 2 : 0));
 	emu_cq_write(cq, &c);
 }
+
+static int qp_accepts(struct emu_qp *qp);
 
 /* returns 1 if the packet must wait (RNR / QP not ready) */
 static int responder_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu_pkt *p)
@@ -274,8 +269,70 @@ static int qp_accepts(struct emu_qp *qp)
 	return qp->state == IBV_QPS_RTR || qp->state == IBV_QPS_RTS || qp->state == IBV_QPS_SQD;
 }
 
+/* A UD datagram (ref §1.8, IB spec 9.8): for a UD QP in RTR/RTS whose Q_Key
+ * matches, into the next receive WQE -- the 40-byte GRH first (written when
+ * the datagram carries one, else those bytes are left alone), then the
+ * payload; the CQE's byte count includes the 40 bytes.  Unreliable: without
+ * such a QP, or a receive WQE, the datagram is dropped. */
+void emu_ud_rx(struct emu_nic *nic, const struct emu_pkt *p)
+{
+	struct emu_qp *qp = emu_qp_lookup(nic, p->dst_qpn);
+	if (!qp || qp->qp_type != IBV_QPT_UD || !qp_accepts(qp) || p->syndrome != qp->qkey) {
+		nic->stats->ud_dropped++;
+		EMU_LOG("UD datagram for qpn 0x%x dropped (%s)", p->dst_qpn,
+			!qp ? "no such QP" : qp->qp_type != IBV_QPT_UD ? "not UD" : !qp_accepts(qp) ? "not RTR" : "Q_Key");
+		return;
+	}
+	uint32_t wqe;
+	int srq;
+	if (take_recv(qp, &wqe, &srq)) {
+		nic->stats->ud_dropped++;
+		EMU_LOG("UD datagram for qpn 0x%x dropped (no receive WQE)", p->dst_qpn);
+		return;
+	}
+	uint32_t total = 40 + p->len;
+	int syn = 0;
+	if (p->grh) {
+		struct ibv_grh grh;
+		memset(&grh, 0, sizeof grh);
+		grh.version_tclass_flow = htobe32(6u << 28);
+		grh.paylen = htobe16((uint16_t)(p->len + 8 + 12 + 8 + 4)); /* BTH + DETH + payload + ICRC */
+		grh.next_hdr = 0x1b;
+		grh.hop_limit = 64;
+		memcpy(grh.sgid.raw, p->sgid, 16);
+		memcpy(grh.dgid.raw, p->dgid, 16);
+		syn = scatter_recv(nic, qp, wqe, srq, 0, (const uint8_t *)&grh, 40, total);
+	}
+	if (!syn)
+		syn = scatter_recv(nic, qp, wqe, srq, 40, p->payload, p->len, total);
+	if (syn) {
+		emu_cqe_err(qp->rcq, qp, 1, (uint16_t)wqe, 0, (uint8_t)syn);
+		return;
+	}
+	nic->stats->ud_received++;
+	struct emu_cq *cq = qp->rcq;
+	if (!cq)
+		return;
+	struct st_mlx5_cqe64 c;
+	memset(&c, 0, sizeof c);
+	c.byte_cnt = htobe32(total);
+	c.imm_inval_pkey = p->imm;
+	c.sop_drop_qpn = htobe32(qp->qpn);
+	c.flags_rqpn = htobe32((p->grh ? 1u << 28 : 0) | (p->src_qpn & 0xffffff)); /* L3 (GRH) in data */
+	c.slid = htobe16((uint16_t)p->src_lid);
+	c.wqe_counter = htobe16((uint16_t)wqe);
+	c.srqn_uidx = srq ? htobe32(qp->srq->srqn) : 0;
+	uint8_t op = (p->flags & PF_IMM) ? ST_MLX5_CQE_RESP_SEND_IMM : ST_MLX5_CQE_RESP_SEND;
+	c.op_own = (uint8_t)((op << 4) | ((p->flags & 0x10) ? 2 : 0));
+	emu_cq_write(cq, &c);
+}
+
 void emu_inbox_dispatch(struct emu_nic *nic, const struct emu_pkt *p)
 {
+	if (p->type == PKT_UD_SEND) {
+		emu_ud_rx(nic, p);
+		return;
+	}
 	struct emu_qp *qp = emu_qp_lookup(nic, p->dst_qpn);
 	int is_resp = p->type >= PKT_ACK;
 	if (is_resp) {

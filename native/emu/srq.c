@@ -1,5 +1,10 @@
 /* libibverbs.so.1 of the emulated HCA: shared receive queues.  SRQ numbers
- * index a process-wide table, which DevX CREATE_QP (rq_type 1) looks up. */
+ * index a process-wide table, which DevX CREATE_QP (rq_type 1) looks up.
+ * The ring is rdma-core's mlx5 SRQ (struct emu_srq): WQEs of a next segment
+ * and data segments, a free list threaded through next_wqe_index, and a
+ * doorbell record that counts the WQEs posted -- what mlx5dv_init_obj(SRQ)
+ * hands to a library that posts receives itself (UCX rc_mlx5). */
+#include <string.h>
 #include <errno.h>
 #include <stdlib.h>
 
@@ -19,8 +24,8 @@ static struct ibv_srq *srq_create(struct ibv_context *c, struct ibv_pd *pd, stru
 	if (!s)
 		return NULL;
 	s->wqe_cnt = roundup_pow2(a->attr.max_wr + 1);
-	s->stride = roundup_pow2((a->attr.max_sge ? a->attr.max_sge : 1) * 16);
-	s->max_sge = s->stride / 16;
+	s->stride = roundup_pow2(16 + (a->attr.max_sge ? a->attr.max_sge : 1) * 16);
+	s->max_sge = (s->stride - 16) / 16;
 	s->buf = aligned_alloc(4096, ((size_t)s->wqe_cnt * s->stride + 4095) & ~(size_t)4095);
 	s->wrid = calloc(s->wqe_cnt, sizeof(uint64_t));
 	if (!s->buf || !s->wrid) {
@@ -29,6 +34,13 @@ static struct ibv_srq *srq_create(struct ibv_context *c, struct ibv_pd *pd, stru
 		return NULL;
 	}
 	s->dbrec = (volatile uint32_t *)s->dbr_storage;
+	memset(s->buf, 0, (size_t)s->wqe_cnt * s->stride);
+	for (uint32_t w = 0; w < s->wqe_cnt; w++) { /* the free list: 0 -> 1 -> ... -> cnt-1 */
+		uint16_t next = htobe16((uint16_t)((w + 1) & (s->wqe_cnt - 1)));
+		memcpy(s->buf + (size_t)w * s->stride + 2, &next, 2);
+	}
+	s->head = 0;
+	s->tail = s->wqe_cnt - 1;
 	s->limit = a->attr.srq_limit;
 	pthread_spin_init(&s->plock, PTHREAD_PROCESS_PRIVATE);
 	pthread_mutex_lock(&nic->lock);
@@ -102,3 +114,20 @@ EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
 }
 
 EXPORT struct emu_srq *emu_srq_lookup(uint32_t srqn) { return srqn < 256 ? g_srqs[srqn] : NULL; }
+
+/* The NIC takes the next posted WQE: the one at its head, whose link names
+ * the next head.  0 and the WQE index, or -1 when none is posted. */
+int emu_srq_take(struct emu_srq *s, uint32_t *wqe)
+{
+	uint16_t posted = (uint16_t)be32toh(s->dbrec[0]);
+	if ((uint16_t)(posted - s->nic_count) == 0)
+		return -1;
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	uint32_t idx = s->nic_head & (s->wqe_cnt - 1);
+	uint16_t next;
+	memcpy(&next, s->buf + (size_t)idx * s->stride + 2, 2);
+	s->nic_head = be16toh(next);
+	s->nic_count++;
+	*wqe = idx;
+	return 0;
+}

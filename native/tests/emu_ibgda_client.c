@@ -20,6 +20,30 @@
  *       ibv_modify_qp); mlx5dv_init_obj gives the SQ ring, the doorbell record,
  *       the BlueFlame register and the CQ ring, and the client writes WQEs,
  *       rings and polls CQEs itself (no ibv_post_send / ibv_poll_cq).
+ *   --bf-alternate[=GAP_US]
+ *       ring the two BlueFlame halves in turn, reg and reg ^ 0x100, one
+ *       doorbell each, as rdma-core and UCX rc_mlx5 do on every post; with
+ *       GAP_US, pause that long after every doorbell on reg itself, so that
+ *       each following pair (reg ^ 0x100, then reg) is rung back to back:
+ *       a poller that wakes after both sees the newer value in reg, which it
+ *       scans first, and the older one in its twin.
+ *   --churn N
+ *       (--pair, DevX) after the checks, destroy the initiator's QP and create
+ *       a new one on the same UAR, SQ and CQ, N times, each connected to the
+ *       target and posting one RDMA WRITE (one doorbell): N + 2 QPs in one
+ *       process, their numbers reused as the HCA hands them out again
+ *       ("CHURN qps=N ok=K" at the end).  With --churn-keep the QPs stay
+ *       alive until all N exist (N + 2 live QPs), then all are destroyed.
+ *   --interleave N
+ *       (--pair --verbs-qp) after the checks, N rounds in which both QPs post
+ *       one RDMA WRITE each and ring their registers back to back, then pause
+ *       300 us: with SIGMATRACE_EMU_BFREG=word both ring one register word
+ *       ("INTERLEAVE rounds=N" at the end).
+ *   --sigwait
+ *       after the set-up (every UAR allocated), the main thread blocks
+ *       SIGUSR1, a thread waits for it with sigwait, and the process sends
+ *       itself one (kill(getpid())): it must reach that thread ("SIGWAIT OK"),
+ *       whatever threads a tracer started during the set-up.
  *
  * Ground truth on stdout: one "DB qpn=0x.. pi=.. nwqe=.. first_idx=.." line per
  * doorbell; "RESULT OK ..." or "RESULT FAIL ..." at the end (exit 0 / 1;
@@ -27,6 +51,8 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +68,8 @@
 #define CHUNK 1024
 
 static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose, g_verbs;
+static int g_sigwait, g_churn, g_churn_keep, g_interleave;
+static int g_bfalt = -1; /* --bf-alternate: pause (us) after each doorbell on reg itself; -1: off */
 
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
 #define CHECK(c, ...) do { if (!(c)) DIE(2, __VA_ARGS__); } while (0)
@@ -303,10 +331,13 @@ static void ring(struct ep *e, uint32_t first_idx, uint32_t nwqe, uint16_t last_
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	__atomic_store_n((uint32_t *)(e->qp_dbr + 4), ibgda_dbr_value(e->pi), __ATOMIC_RELEASE);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	__atomic_store_n((uint64_t *)(g_verbs ? e->bf_reg : e->uar->reg_addr), ibgda_db_value(e->pi, e->qpn),
-			 __ATOMIC_RELEASE);
+	uintptr_t reg = (uintptr_t)(g_verbs ? e->bf_reg : e->uar->reg_addr);
+	int twin = g_bfalt >= 0 && (e->ndb & 1); /* rdma-core / UCX: bf->offset ^= bf->buf_size on every post */
+	__atomic_store_n((uint64_t *)(twin ? reg ^ 0x100 : reg), ibgda_db_value(e->pi, e->qpn), __ATOMIC_RELEASE);
 	printf("DB qpn=0x%x pi=%u nwqe=%u first_idx=%u\n", e->qpn, e->pi & 0xffff, nwqe, first_idx & 0xffff);
 	e->ndb++;
+	if (g_bfalt > 0 && !twin)
+		usleep((useconds_t)g_bfalt);
 	struct pending *p = &g_pend[g_pend_t++ % 4096];
 	p->last_idx = last_idx;
 	p->next_pi = e->pi;
@@ -504,6 +535,82 @@ static int verify_target(struct ep *e)
 	return fails;
 }
 
+/* ---- --churn: many short-lived QPs on one UAR page ------------------------- */
+static int run_churn(struct ep *a, const struct peer_info *pb)
+{
+	int ok = 0;
+	struct mlx5dv_devx_obj **keep = g_churn_keep ? calloc((size_t)g_churn, sizeof *keep) : NULL;
+	for (int i = 0; i < g_churn; i++) {
+		if (keep)
+			keep[i] = a->qp_obj;
+		else
+			CHECK(!mlx5dv_devx_obj_destroy(a->qp_obj), "destroy QP %d", i);
+		memset(a->qp_dbr, 0, 8);
+		uint8_t out[IBGDA_PRM_OUT_SIZE];
+		a->qp_obj = ibgda_create_qp(a->ctx, a->pdn, a->uar->page_id, a->srqn, a->cqn, a->rcqn, a->wq_umem->umem_id,
+					    a->nwqebb, a->qp_dbr_umem->umem_id, out, &a->qpn);
+		CHECK(a->qp_obj, "CREATE_QP %d failed: status 0x%x", i, (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS));
+		connect_ep(a, pb);
+		a->pi = a->done_idx = 0;
+		g_pend_h = g_pend_t;
+		uint32_t k = (uint32_t)i % 256;
+		uint32_t last = post_write(a, pb, OFF_SRC + k * CHUNK, (uint64_t)k * CHUNK, 64, 1, ST_MLX5_WQE_CTRL_CQ_UPDATE);
+		ring(a, last, 1, (uint16_t)last);
+		drain(a);
+		ok++;
+	}
+	for (int i = 0; keep && i < g_churn; i++)
+		CHECK(!mlx5dv_devx_obj_destroy(keep[i]), "destroy kept QP %d", i);
+	free(keep);
+	printf("CHURN qps=%d ok=%d\n", g_churn, ok);
+	return ok != g_churn;
+}
+
+/* ---- --interleave: two QPs ring back to back --------------------------------- */
+static int run_interleaved(struct ep *a, struct ep *b, const struct peer_info *pa, const struct peer_info *pb)
+{
+	for (int i = 0; i < g_interleave; i++) {
+		uint32_t k = (uint32_t)i % 256;
+		uint32_t la = post_write(a, pb, OFF_SRC + k * CHUNK, (uint64_t)k * CHUNK, 64, 1, ST_MLX5_WQE_CTRL_CQ_UPDATE);
+		ring(a, la, 1, (uint16_t)la);
+		uint32_t lb = post_write(b, pa, OFF_SRC + k * CHUNK, (uint64_t)k * CHUNK, 64, 1, ST_MLX5_WQE_CTRL_CQ_UPDATE);
+		ring(b, lb, 1, (uint16_t)lb);
+		g_pend_h = g_pend_t; /* completions handled here */
+		usleep(300);
+		wait_cqe(a, (uint16_t)la);
+		a->done_idx = a->pi;
+		wait_cqe(b, (uint16_t)lb);
+		b->done_idx = b->pi;
+	}
+	printf("INTERLEAVE rounds=%d\n", g_interleave);
+	return 0;
+}
+
+/* ---- --sigwait: a process-directed signal reaches the thread that waits for it */
+static void *sigwait_main(void *arg)
+{
+	sigset_t *set = arg;
+	int sig = 0;
+	if (sigwait(set, &sig) == 0 && sig == SIGUSR1)
+		return (void *)1;
+	return NULL;
+}
+
+static void sigwait_check(void)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGUSR1);
+	CHECK(!pthread_sigmask(SIG_BLOCK, &set, NULL), "pthread_sigmask");
+	pthread_t t;
+	CHECK(!pthread_create(&t, NULL, sigwait_main, &set), "pthread_create");
+	CHECK(!kill(getpid(), SIGUSR1), "kill");
+	void *got = NULL;
+	CHECK(!pthread_join(t, &got), "pthread_join");
+	CHECK(got, "sigwait did not get SIGUSR1");
+	printf("SIGWAIT OK\n");
+}
+
 /* ---- file exchange --------------------------------------------------------- */
 static void put_file(const char *dir, const char *name, const char *text)
 {
@@ -524,7 +631,10 @@ int main(int argc, char **argv)
 		{ "pair", no_argument, 0, 'P' }, { "rank", required_argument, 0, 'r' }, { "dir", required_argument, 0, 'd' },
 		{ "cc", no_argument, 0, 'c' }, { "depth", required_argument, 0, 'D' }, { "ops", required_argument, 0, 'n' },
 		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' },
-		{ "verbs-qp", no_argument, 0, 'V' }, { 0, 0, 0, 0 },
+		{ "verbs-qp", no_argument, 0, 'V' }, { "bf-alternate", optional_argument, 0, 'A' },
+		{ "sigwait", no_argument, 0, 'S' }, { "churn", required_argument, 0, 'C' },
+		{ "churn-keep", no_argument, 0, 'K' },
+		{ "interleave", required_argument, 0, 'I' }, { 0, 0, 0, 0 },
 	};
 	int ch;
 	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -538,6 +648,11 @@ int main(int argc, char **argv)
 		case 'b': g_batch = atoi(optarg); break;
 		case 'v': g_verbose = 1; break;
 		case 'V': g_verbs = 1; break;
+		case 'S': g_sigwait = 1; break;
+		case 'C': g_churn = atoi(optarg); break;
+		case 'K': g_churn_keep = 1; break;
+		case 'I': g_interleave = atoi(optarg); break;
+		case 'A': g_bfalt = optarg ? atoi(optarg) : 0; break;
 		default: fprintf(stderr, "usage: see source\n"); return 2;
 		}
 	}
@@ -562,6 +677,8 @@ int main(int argc, char **argv)
 		struct ep a, b;
 		ep_setup(&a, ctx);
 		ep_setup(&b, ctx);
+		if (g_sigwait)
+			sigwait_check();
 		fill_target(&b, 77);
 		struct peer_info pa = { a.lid, a.qpn, a.mr->rkey, (uint64_t)(uintptr_t)a.buf };
 		struct peer_info pb = { b.lid, b.qpn, b.mr->rkey, (uint64_t)(uintptr_t)b.buf };
@@ -570,6 +687,10 @@ int main(int argc, char **argv)
 		printf("CONNECT qpn=0x%x <-> qpn=0x%x\n", a.qpn, b.qpn);
 		fails += run_initiator(&a, &pb, 77);
 		fails += verify_target(&b);
+		if (g_churn && !g_verbs)
+			fails += run_churn(&a, &pb);
+		if (g_interleave && g_verbs)
+			fails += run_interleaved(&a, &b, &pa, &pb);
 		if (g_verbs) { /* the register goes away with the context: closing must not hang or fault */
 			CHECK(!ibv_destroy_qp(a.vqp) && !ibv_destroy_qp(b.vqp), "destroy_qp");
 			/* a QP made after those are gone (it may get their register) */

@@ -1,22 +1,38 @@
 # Hijack test clients (tests/test_hijack_*.py), included from tests/CMakeLists.txt.
 include_guard(GLOBAL)
+
+# A hijack test program: built into build/tests, installed with the package.
+function(st_hijack_test_program t)
+  add_executable(${t} ${CMAKE_CURRENT_LIST_DIR}/${t}.c)
+  set_target_properties(${t} PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+    BUILD_RPATH "" SKIP_BUILD_RPATH ON)
+  install(TARGETS ${t} RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
+endfunction()
+
 if(ST_HAVE_VERBS AND ST_HAVE_MLX5DV AND EXISTS ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda/emucuda.c)
-  add_executable(hijack_client ${CMAKE_CURRENT_LIST_DIR}/hijack_client.c)
+  st_hijack_test_program(hijack_client)
   target_include_directories(hijack_client PRIVATE ${ST_INCLUDE_DIR} ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda)
   target_link_libraries(hijack_client PRIVATE st_emu_mlx5 st_emu_ibverbs st_emu_cuda pthread dl)
-  set_target_properties(hijack_client PROPERTIES
-    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
-    BUILD_RPATH "" SKIP_BUILD_RPATH ON)
-  install(TARGETS hijack_client RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
 endif()
 
-# Fork safety of the hijack: needs only the emulated CUDA driver.
+# Programs over the emulated CUDA driver alone: fork safety of the hijack, and a
+# second register of a page the GPU path already proxies.
 if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda/emucuda.c AND TARGET st_emu_cuda)
-  add_executable(hijack_fork ${CMAKE_CURRENT_LIST_DIR}/hijack_fork.c)
-  target_include_directories(hijack_fork PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda)
-  target_link_libraries(hijack_fork PRIVATE st_emu_cuda)
-  set_target_properties(hijack_fork PROPERTIES
-    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
-    BUILD_RPATH "" SKIP_BUILD_RPATH ON)
-  install(TARGETS hijack_fork RUNTIME DESTINATION ${ST_INSTALL_DIR}/tests)
+  foreach(t hijack_fork hijack_devptr)
+    st_hijack_test_program(${t})
+    target_include_directories(${t} PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../emu/cuda)
+    target_link_libraries(${t} PRIVATE st_emu_cuda)
+  endforeach()
+endif()
+
+# Unit tests of hijack pieces built from its sources: the order of the
+# poller's monitor/wait idle wait (hijack/arch.h, with fakes) and the QP record
+# table over many QPs' lifetimes (registry.c compiled in).
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64|aarch64|arm64")
+  foreach(t hijack_wait_test hijack_registry_test)
+    st_hijack_test_program(${t})
+    target_include_directories(${t} PRIVATE ${ST_INCLUDE_DIR} ${CMAKE_CURRENT_LIST_DIR}/../src)
+    target_link_libraries(${t} PRIVATE pthread)
+  endforeach()
 endif()

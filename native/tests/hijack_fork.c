@@ -32,38 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "emucuda.h"
-
-typedef int CUresult;
-typedef uint64_t CUdeviceptr;
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(int *, int);
-CUresult cuCtxCreate_v2(void **, unsigned, int);
-CUresult cuMemHostRegister_v2(void *, size_t, unsigned);
-CUresult cuMemHostUnregister(void *);
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
-
-#define DIE(...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(1); } while (0)
-#define CHECK(c, ...) do { if (!(c)) DIE(__VA_ARGS__); } while (0)
-#define CU(x) do { CUresult r_ = (x); CHECK(r_ == 0, "%s = %d", #x, r_); } while (0)
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int wait_value(volatile uint64_t *reg, uint64_t v, double timeout)
-{
-	double t0 = now_s();
-	while (__atomic_load_n(reg, __ATOMIC_ACQUIRE) != v)
-		if (now_s() - t0 > timeout)
-			return -1;
-		else
-			usleep(50);
-	return 0;
-}
+#include "emucu_client.h"
 
 static int count_threads(void)
 {
@@ -81,16 +50,8 @@ static int count_threads(void)
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	void *ctx;
-	int dev;
-	CU(cuInit(0));
-	CU(cuDeviceGet(&dev, 0));
-	CU(cuCtxCreate_v2(&ctx, 0, dev));
-	uint8_t *uar;
-	CHECK(posix_memalign((void **)&uar, 4096, 4096) == 0, "posix_memalign");
-	memset(uar, 0, 4096);
+	uint8_t *uar = emucu_uar_page();
 	volatile uint64_t *reg = (volatile uint64_t *)(uar + 0x800);
-	CU(cuMemHostRegister_v2(uar, 4096, 0x02 | 0x04)); /* DEVICEMAP | IOMEMORY */
 	CUdeviceptr db;
 	CU(cuMemHostGetDevicePointer_v2(&db, (void *)reg, 0));
 	uint8_t *seen = emucu_translate(db, 8);

@@ -39,6 +39,18 @@ static inline uint32_t chunk_capacity(uint32_t kind)
 	return st_cfg.chunk_bytes / (kind == ST_CHUNK_AGGREGATE ? sizeof(struct st_aggregate) : sizeof(struct st_event));
 }
 
+/* A record the ring writes itself (thread start and end, drops), in the
+ * current chunk; the caller has checked there is room. */
+static inline void put_own_record(struct st_thread *t, uint16_t type, uint32_t obj, uint64_t arg)
+{
+	struct st_event *e = t->pos++;
+	e->tsc = st_tsc();
+	e->type = type;
+	e->aux = 0;
+	e->obj = obj;
+	e->arg = arg;
+}
+
 static struct st_thread *thread_create(void)
 {
 	if (tls_state == 2 || !st_cfg.enabled)
@@ -80,13 +92,7 @@ static struct st_thread *thread_create(void)
 	pthread_setspecific(exit_key, t);
 	tls_state = 1;
 	st_tls_self = t;
-	/* first record of every thread */
-	struct st_event *e = t->pos++;
-	e->tsc = st_tsc();
-	e->type = ST_EV_THREAD_START;
-	e->aux = 0;
-	e->obj = (uint32_t)t->tid;
-	e->arg = 0;
+	put_own_record(t, ST_EV_THREAD_START, (uint32_t)t->tid, 0); /* first record of every thread */
 	__atomic_store_n(&t->cur->committed, 1, __ATOMIC_RELEASE);
 	return t;
 }
@@ -122,7 +128,7 @@ static int take_next(struct st_thread *t)
 		return -1;
 	}
 free_now:
-	c->kind = ST_CHUNK_EVENTS;
+	__atomic_store_n(&c->kind, ST_CHUNK_EVENTS, __ATOMIC_RELAXED); /* read by the writer: see drain_thread */
 	t->cur = c;
 	t->base = t->pos = (struct st_event *)c->data;
 	t->lim = t->base + chunk_capacity(ST_CHUNK_EVENTS);
@@ -155,12 +161,7 @@ struct st_event *st_reserve_slow(unsigned n)
 	}
 	if (t->dropped_pending) {
 		/* tell the reader how many records are missing right here */
-		struct st_event *d = t->pos++;
-		d->tsc = st_tsc();
-		d->type = ST_EV_DROPS;
-		d->aux = 0;
-		d->obj = 0;
-		d->arg = t->dropped_pending;
+		put_own_record(t, ST_EV_DROPS, 0, t->dropped_pending);
 		t->dropped_pending = 0;
 	}
 	struct st_event *e = t->pos;
@@ -199,7 +200,7 @@ static void agg_spill(struct st_thread *t)
 			return;
 		}
 		struct st_chunk *c = t->cur;
-		c->kind = ST_CHUNK_AGGREGATE;
+		__atomic_store_n(&c->kind, ST_CHUNK_AGGREGATE, __ATOMIC_RELAXED);
 		struct st_aggregate *out = (struct st_aggregate *)c->data;
 		uint32_t k = 0;
 		for (; i < ST_AGG_SLOTS && k < cap; i++) {
@@ -268,14 +269,8 @@ void st_thread_exit_current(void)
 		return;
 	tls_state = 2;
 	/* THREAD_END goes into the current chunk if there is room */
-	if (t->cur && t->pos < t->lim) {
-		struct st_event *e = t->pos++;
-		e->tsc = st_tsc();
-		e->type = ST_EV_THREAD_END;
-		e->aux = 0;
-		e->obj = (uint32_t)t->tid;
-		e->arg = 0;
-	}
+	if (t->cur && t->pos < t->lim)
+		put_own_record(t, ST_EV_THREAD_END, (uint32_t)t->tid, 0);
 	agg_spill(t);
 	if (t->cur) {
 		uint32_t used = (uint32_t)(t->pos - t->base);

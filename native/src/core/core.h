@@ -206,8 +206,9 @@ static inline void st_agg_add(uint16_t type, uint16_t aux, uint32_t obj, uint64_
 	st_agg_slow(type, aux, obj, peer, bytes);
 }
 
-/* ---- process-level services (writer.c) -------------------------------- */
-/* Start recording (file + writer thread) on first use; cheap when running. */
+/* ---- process-level services (writer.c, side.c, process.c, lifecycle.c) -- */
+/* Start recording (file + writer thread) on first use; cheap when running
+ * (lifecycle.c). */
 extern int st_active ST_HIDDEN; /* 1 once the writer runs in this process */
 void st_activate(void) ST_HIDDEN;
 static inline void st_ensure_active(void)
@@ -215,12 +216,12 @@ static inline void st_ensure_active(void)
 	if (unlikely(!__atomic_load_n(&st_active, __ATOMIC_ACQUIRE)))
 		st_activate();
 }
-void st_writer_kick(void) ST_HIDDEN;
-int st_thread_register(struct st_thread *t) ST_HIDDEN;
-uint64_t st_process_uid(void) ST_HIDDEN;
-void st_flush_all(const char *reason, int sig) ST_HIDDEN;
+void st_writer_kick(void) ST_HIDDEN;                     /* writer.c */
+int st_thread_register(struct st_thread *t) ST_HIDDEN;   /* writer.c */
+uint64_t st_process_uid(void) ST_HIDDEN;                 /* process.c */
+void st_flush_all(const char *reason, int sig) ST_HIDDEN; /* lifecycle.c */
 
-/* Side channel: variable-size records, process-wide, mutex protected.
+/* Side channel (side.c): variable-size records, process-wide, mutex protected.
  * Returns the side_id (> 0) or 0 when dropped. */
 uint64_t st_side_add(uint16_t kind, const void *a, size_t alen, const void *b, size_t blen,
 		     const void *c, size_t clen) ST_HIDDEN;
@@ -229,7 +230,8 @@ static inline uint64_t st_side_json(const char *json, size_t len)
 	return st_side_add(ST_SIDE_JSON, json, len, NULL, 0, NULL, 0);
 }
 
-/* Identity lists for the process header (JSON array text, e.g. "[{...}]"). */
+/* Identity lists for the process header (JSON array text, e.g. "[{...}]";
+ * process.c). */
 void st_process_set_nics(const char *json_array) ST_HIDDEN;
 void st_process_set_gpus(const char *json_array) ST_HIDDEN;
 
@@ -253,6 +255,12 @@ void st_json_null(struct st_json *j, const char *key) ST_HIDDEN;
 void st_json_bool(struct st_json *j, const char *key, int v) ST_HIDDEN;
 void st_json_bytes_hex(struct st_json *j, const char *key, const void *p, size_t n) ST_HIDDEN;
 void st_json_sockaddr(struct st_json *j, const char *key, const void *sa, size_t len) ST_HIDDEN;
+/* The start of nearly every side JSON: an object in buf. */
+static inline void st_json_begin_object(struct st_json *j, char *buf, size_t cap)
+{
+	st_json_init(j, buf, cap);
+	st_json_open(j, NULL, '{');
+}
 
 /* ---- object ids (objmap.c): pointer -> small id, lock-free lookups ----- */
 uint32_t st_obj_id(const void *ptr, int *is_new) ST_HIDDEN;

@@ -74,24 +74,63 @@ static inline void cpu_relax(void)
 	__asm__ __volatile__(ARCH_SPIN_HINT ::: "memory");
 }
 
-#if defined(__x86_64__)
-/* Idle waits on one watched word (WAITPKG / MONITORX, probed in config.c):
- * the core sleeps until the word's cache line is written or the deadline
- * (TSC ticks) passes.  Encoded as bytes: older assemblers lack them. */
-static inline void wait_umwait(const volatile void *addr, uint64_t ticks)
+/* An idle wait on one watched word with a monitor/wait pair: arm() starts
+ * monitoring the word's cache line, wait(ticks) sleeps until that line is
+ * written (or the timeout passes).  A write that lands before the monitor is
+ * armed does not end the wait, so the word is read again *after* arming and
+ * the wait skipped if it changed since the poller's last scan (finding 7:
+ * without the re-check, a doorbell rung between the scan and the arm waited
+ * out the whole timeout).  The pair is passed in so that the order can be
+ * tested without the instructions (native/tests/hijack_wait_test.c).
+ * Returns 1 if the word had changed (no wait), else 0 after the wait. */
+struct monitor_ops {
+	void (*arm)(const volatile void *addr);
+	void (*wait)(uint64_t ticks);
+};
+static inline int monitor_wait(const struct monitor_ops *op, const volatile uint64_t *w, uint64_t seen, uint64_t ticks)
 {
-	/* umonitor rax ; umwait ecx(0 = C0.2) edx:eax deadline (byte encodings) */
+	op->arm(w);
+	if (__atomic_load_n(w, __ATOMIC_ACQUIRE) != seen)
+		return 1;
+	op->wait(ticks);
+	return 0;
+}
+
+#if defined(__x86_64__)
+/* The pairs of WAITPKG (umonitor/umwait) and MONITORX (monitorx/mwaitx),
+ * probed in config.c.  Encoded as bytes: older assemblers lack them. */
+static inline void arm_umonitor(const volatile void *addr)
+{
 	__asm__ __volatile__(".byte 0xf3, 0x48, 0x0f, 0xae, 0xf0" ::"a"(addr) : "memory"); /* umonitor %rax */
+}
+static inline void wait_umwait(uint64_t ticks)
+{
+	/* umwait ecx(0 = C0.2) until the TSC deadline edx:eax */
 	uint64_t dl = st_tsc() + ticks;
 	__asm__ __volatile__(".byte 0xf2, 0x0f, 0xae, 0xf1" /* umwait %ecx */
 			     ::"c"(0), "a"((uint32_t)dl), "d"((uint32_t)(dl >> 32))
 			     : "memory", "cc");
 }
-static inline void wait_mwaitx(const volatile void *addr, uint32_t ticks)
+static inline void arm_monitorx(const volatile void *addr)
 {
 	__asm__ __volatile__(".byte 0x0f, 0x01, 0xfa" ::"a"(addr), "c"(0), "d"(0) : "memory"); /* monitorx */
-	__asm__ __volatile__(".byte 0x0f, 0x01, 0xfb" ::"a"(0xf0), "b"(ticks), "c"(2) : "memory"); /* mwaitx, timer */
 }
+static inline void wait_mwaitx(uint64_t ticks)
+{
+	__asm__ __volatile__(".byte 0x0f, 0x01, 0xfb" ::"a"(0xf0), "b"((uint32_t)ticks), "c"(2) : "memory"); /* mwaitx, timer */
+}
+#endif
+
+/* A read that races with the application by design (the recovery copy of a ring the application keeps
+ * writing; what it copies is validated).  ThreadSanitizer ignores the accesses in between. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_ignore_thread_begin(void);
+void __tsan_ignore_thread_end(void);
+#define racy_read_begin() __tsan_ignore_thread_begin()
+#define racy_read_end() __tsan_ignore_thread_end()
+#else
+#define racy_read_begin() ((void)0)
+#define racy_read_end() ((void)0)
 #endif
 
 #endif

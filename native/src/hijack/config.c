@@ -3,6 +3,7 @@
  * probes that choose how an idle poller waits (umwait, mwaitx or spinning
  * with back-off).  See docs/hijack.md for the variables.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +16,13 @@ struct hijack_config hijack_cfg;
 
 static int has_waitpkg(void), has_monitorx(void);
 
-void hijack_cfg_load(void)
+/* Once per process (pthread_once): the first callers of the hijack's entry
+ * points may be several application threads at once, and two loads would
+ * each append SIGMATRACE_POLLER_CPUS to the list (and race on every field). */
+static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
+
+static void cfg_load_once(void)
 {
-	if (hijack_cfg.loaded)
-		return;
 	hijack_cfg.mode = HIJACK_GUARDED;
 	const char *v = getenv("SIGMATRACE_HIJACK_MODE");
 	if (v && *v) {
@@ -68,11 +72,22 @@ void hijack_cfg_load(void)
 	v = getenv("SIGMATRACE_CPU_DOORBELLS");
 	if (v && *v)
 		hijack_cfg.cpu_doorbells = atoi(v) != 0;
+	hijack_cfg.stop_timeout_ms = 2000;
+	v = getenv("SIGMATRACE_HIJACK_STOP_TIMEOUT_MS");
+	if (v && *v && atoi(v) >= 0)
+		hijack_cfg.stop_timeout_ms = atoi(v);
+	v = getenv("SIGMATRACE_HIJACK_TEST_STUCK"); /* test hook, see docs/hijack.md */
+	hijack_cfg.test_stuck = v && atoi(v) > 0;
 	hijack_cfg.wait_kind = has_waitpkg() ? 1 : has_monitorx() ? 2 : 0;
 	v = getenv("SIGMATRACE_POLLER_WAIT");
 	if (v && !strcmp(v, "spin"))
 		hijack_cfg.wait_kind = 0;
 	hijack_cfg.loaded = 1;
+}
+
+void hijack_cfg_load(void)
+{
+	pthread_once(&cfg_once, cfg_load_once);
 }
 
 /* ---- CPU features --------------------------------------------------------- */

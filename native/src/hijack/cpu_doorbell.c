@@ -143,10 +143,10 @@ static void *cpu_page_new(uintptr_t pgaddr, uint16_t off, uint32_t page_id, void
 	 * poller_install): unused UARs (a CQ's, an idle peer's) must not take the
 	 * cores meant for the doorbells that are. */
 	pg->cpu = -1;
-	pg->live = 1;
+	__atomic_store_n(&pg->live, 1, __ATOMIC_RELEASE); /* lock-free readers: translate_dev */
 	hijack_hook_exit();
-	if (pthread_create(&pg->thr, NULL, hijack_poller, pg) != 0) {
-		pg->live = 0;
+	if (hijack_start_poller(pg) != 0) {
+		__atomic_store_n(&pg->live, 0, __ATOMIC_RELEASE);
 		munmap(pg->proxy, PAGE_SZ);
 		pg->proxy = NULL;
 		pg->cpuproxy = 0;
@@ -169,7 +169,7 @@ static void *cpu_proxy_failed_for(const char *what, uint32_t id)
 	return NULL;
 }
 
-ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
+void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
 {
 	(void)base_addr;
 	(void)flags; /* every type: a BlueFlame write arrives as its first 8 bytes, see docs/hijack.md */
@@ -190,13 +190,26 @@ ST_EXPORT void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page
 	return out ? out : cpu_proxy_failed_for("DevX UAR page", page_id);
 }
 
+/* Is qpn a sharer of pg's word off (or its twin)?  Under hijack_lock. */
+static int is_sharer(const struct page *pg, uint32_t qpn, uint16_t off)
+{
+	for (int i = 0; i < pg->nsh; i++)
+		if (pg->sh[i].qpn == qpn && (pg->sh[i].off & ~0x100) == (off & ~0x100))
+			return 1;
+	return 0;
+}
+
 /* F24d on verbs QPs (mlx5dv_init_obj): the proxy for QP qpn's BlueFlame
  * register, or NULL (the QP keeps the real one).  QPs of one context whose
  * registers share a UAR page share its proxy and poller (released at
- * ibv_close_device), but never a register word: a polled word that two QPs
- * ring could lose one QP's doorbell (the later value hides the earlier), so
- * a second QP on a word another QP owns keeps the real register. */
-ST_EXPORT void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
+ * ibv_close_device).  A second QP on a register word another QP rings
+ * (rdma-core's shared bfregs) is proxied on the same word (finding 9): the
+ * poller is then the only writer of the real word, so its forwards never
+ * interleave with a QP's 64-byte BlueFlame burst there (that QP, left on the
+ * real register, wrote it outside the hijack's reach).  The later value on a
+ * shared proxy word hides the earlier one, so the poller catches the other
+ * QPs of the word up from their doorbell records (poller.c). */
+void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
 {
 	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
 	uint16_t off = (uint16_t)(reg & (PAGE_SZ - 1));
@@ -213,10 +226,18 @@ ST_EXPORT void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
 		out = cpu_page_new(pgaddr, off, ST_HIJACK_VERBS_UAR_PAGE, ctx, 1, qpn);
 	} else if (pg->cpuproxy && pg->verbs && pg->ctx == ctx) {
 		long who = hijack_word_owner(pg, off), twin = hijack_word_owner(pg, (uint16_t)(off ^ 0x100));
-		if (who == (long)qpn) /* the same QP asks again */
+		if (who == (long)qpn || is_sharer(pg, qpn, off)) /* the same QP asks again */
 			out = pg->proxy + off;
 		else if ((who < 0 || who == OWNER_FREE) && (twin < 0 || twin == OWNER_FREE) && hijack_watch_offset(pg, off, qpn))
 			out = pg->proxy + off;
+		else if (who >= 0 && pg->nsh < MAX_SHARERS) {
+			/* the word (or its twin) is another QP's: share it */
+			pg->sh[pg->nsh].qpn = qpn;
+			pg->sh[pg->nsh].off = off;
+			pg->nsh++;
+			__atomic_add_fetch(&pg->sh_gen, 1, __ATOMIC_RELEASE);
+			out = pg->proxy + off;
+		}
 	}
 	pthread_mutex_unlock(&hijack_lock);
 	return out ? out : cpu_proxy_failed_for("verbs QP", qpn);
@@ -224,7 +245,7 @@ ST_EXPORT void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
 
 /* ibv_close_device: the context's UAR pages go away with it; stop the pollers
  * of the proxies handed out for its verbs QPs first (a last forward each). */
-ST_EXPORT void st_hijack_cpu_release_ctx(void *ctx)
+void st_hijack_cpu_release_ctx(void *ctx)
 {
 	if (!ctx || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
 		return;
@@ -241,7 +262,7 @@ ST_EXPORT void st_hijack_cpu_release_ctx(void *ctx)
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-ST_EXPORT void *st_hijack_cpu_uar_release(void *app_reg)
+void *st_hijack_cpu_uar_release(void *app_reg)
 {
 	if (!app_reg || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
 		return NULL;
@@ -265,7 +286,7 @@ ST_EXPORT void *st_hijack_cpu_uar_release(void *app_reg)
 
 /* ibv_destroy_qp: forget QP qpn and its SQ/doorbell-record umems, if they are
  * the ones registered for it as a verbs QP (a DevX QP's record is left alone). */
-ST_EXPORT void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id)
+void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id)
 {
 	pthread_mutex_lock(&hijack_lock);
 	struct qp_rec *q = hijack_qp_slot(qpn, 0);
@@ -273,7 +294,7 @@ ST_EXPORT void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint
 		pthread_mutex_unlock(&hijack_lock);
 		return;
 	}
-	__atomic_store_n(&q->live, 0, __ATOMIC_RELEASE);
+	hijack_qp_free(q);
 	for (int i = 0; i < MAX_UMEMS; i++)
 		if (hijack_umems[i].live && (hijack_umems[i].id == sq_umem_id || hijack_umems[i].id == dbr_umem_id))
 			hijack_umems[i].live = 0;
@@ -290,7 +311,14 @@ ST_EXPORT void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint
 				pg->owner[w] = OWNER_FREE;
 				mine = 1;
 			}
-		if (!mine || __atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE))
+		for (int i = 0; i < pg->nsh; i++)
+			if (pg->sh[i].qpn == qpn) {
+				pg->sh[i--] = pg->sh[--pg->nsh];
+				mine = 1;
+			}
+		if (mine)
+			__atomic_add_fetch(&pg->sh_gen, 1, __ATOMIC_RELEASE);
+		if (!mine || pg->stuck || __atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE))
 			continue;
 		uint32_t want = __atomic_add_fetch(&pg->sync_seq, 1, __ATOMIC_ACQ_REL);
 		pthread_mutex_unlock(&hijack_lock);

@@ -63,6 +63,8 @@ struct hijack_config {
 	int ncpus;
 	int wait_kind;        /* 0 spin, 1 umwait, 2 mwaitx */
 	int cpu_doorbells;    /* proxy DevX UARs at allocation (F24d) */
+	int test_stuck;       /* test hook SIGMATRACE_HIJACK_TEST_STUCK: a stopping poller blocks for good */
+	int stop_timeout_ms;  /* longest wait for a poller to stop, drain or quiesce */
 };
 extern struct hijack_config hijack_cfg ST_HIDDEN;
 
@@ -104,8 +106,13 @@ extern struct reg_rec hijack_regs[MAX_REGS] ST_HIDDEN;
 /* The record of QP qpn (lock-free readers); with create, the empty slot
  * where it goes.  NULL: not found / table full. */
 struct qp_rec *hijack_qp_slot(uint32_t qpn, int create) ST_HIDDEN;
+/* Record q goes (QP forgotten); its slot is reused.  Under hijack_lock. */
+void hijack_qp_free(struct qp_rec *q) ST_HIDDEN;
+extern uint64_t hijack_qp_table_full ST_HIDDEN; /* QPs not recorded for want of a slot */
 /* The SQ of a QP as (address, is-GPU); under hijack_lock. */
 int hijack_qp_sq(const struct qp_rec *q, uintptr_t *sq, int *gpu) ST_HIDDEN;
+/* The doorbell record of a QP in host memory (0: none known, or in GPU memory); under hijack_lock. */
+uintptr_t hijack_qp_dbr(const struct qp_rec *q) ST_HIDDEN;
 
 /* ---- proxy pages and pollers ---------------------------------------------- */
 struct qpstate {
@@ -120,6 +127,12 @@ struct qpstate {
 	uint32_t npend;       /* copied ranges of this QP not parsed yet */
 	uint32_t pend_oldest; /* producer counter of the oldest of them */
 	uint64_t guard_waits; /* guarded mode: doorbells held until the copies landed */
+	int used;             /* this entry of pg->qs holds a QP (else free for another) */
+	uintptr_t dbr;        /* its doorbell record (host memory; 0 unknown): shared words catch up from it */
+	int known;            /* a QP record was found: log_sq is its ring size */
+	int rung;             /* pi and word hold the last doorbell forwarded */
+	int word;             /* where that came from (watched offset | 0x100 for the GPU proxy) */
+	uint64_t stale;       /* older doorbells seen after a newer one of another word (not forwarded) */
 };
 
 struct pend { /* one doorbell's copied range, waiting for its batch */
@@ -132,6 +145,7 @@ struct pend { /* one doorbell's copied range, waiting for its batch */
 };
 
 #define MAX_QPS_PER_PAGE 256
+#define MAX_SHARERS 64 /* per page: verbs QPs ringing a register word another QP owns */
 #define OWNER_FREE 0xFFFFFFFFu /* a verbs word whose QP was destroyed: the next QP may take it */
 #define MAX_PEND 4096
 #define MAX_BATCH 64
@@ -165,7 +179,9 @@ struct page {
 	uint32_t pend_head, pend_tail;   /* ring indexes (mod MAX_PEND) */
 	uint32_t batch_open, batch_done; /* batches: open id, completed up to */
 	uint32_t batch_wqebb;            /* WQEBBs in the open batch */
-	uint64_t unknown_qp, copies, sync_waits, guard_waits;
+	uint64_t unknown_qp, copies, sync_waits, guard_waits, stale;
+	uint64_t untracked;                  /* doorbells of QPs the full qs[] could not take */
+	uint64_t gone_ok, gone_lost, gone_wqes; /* counters of QP states freed (QP destroyed) */
 	uint64_t fwd_ns_sum;
 	/* CPU doorbells (F24d): proxy is the page the application's reg_addr
 	 * points into since mlx5dv_devx_alloc_uar; the GPU, if it asks for a
@@ -176,6 +192,17 @@ struct page {
 	void *ctx;                 /* the ibv_context it belongs to (verbs QPs: released at close) */
 	int verbs;                 /* proxies verbs QPs' BlueFlame registers (shared by QPs of ctx) */
 	uint32_t owner[MAX_WATCH]; /* verbs: the QPN that rings each watched word (0: DevX UAR, OWNER_FREE) */
+	/* verbs QPs on a word another QP owns (shared bfregs): their register is
+	 * proxied too, the poller is the only writer of the real word, and it
+	 * catches up from the sharers' doorbell records (under hijack_lock;
+	 * sh_gen, atomic, bumped on every change; the poller copies them) */
+	struct { uint32_t qpn; uint16_t off; } sh[MAX_SHARERS];
+	int nsh;
+	uint32_t sh_gen;
+	struct { uint32_t qpn; uint16_t off; } psh[MAX_SHARERS]; /* poller-private copy */
+	int npsh;
+	uint32_t psh_gen;
+	uint64_t dbr_recovered, dbr_dups; /* doorbells forwarded from a doorbell record; rung again after that */
 	uint32_t sync_seq, sync_ack; /* a full scan + drain requested / done (atomic; QP forgotten) */
 	uint8_t *gproxy;
 	int gwatch;                /* poller scans gproxy (atomic) */
@@ -186,6 +213,8 @@ struct page {
 	int cuda_on;               /* poller-private: stream/events/pinned stage set up */
 	int installed;             /* poller-private: DB_HIJACK_INSTALL emitted */
 	int quiesce, quiesced;     /* process exit: summary out, then forward only (atomic) */
+	int exited;                /* the poller thread is about to return (atomic) */
+	int stuck;                 /* a stop/quiesce/detach gave up waiting for the poller (under hijack_lock) */
 };
 
 static inline const struct st_cudrv *drv(void)
@@ -197,6 +226,8 @@ static inline const struct st_cudrv *drv(void)
 /* The poller's state of QP qpn on page pg (new, or refreshed when the QP was
  * recreated or forgotten); NULL when the page tracks too many QPs. */
 struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn) ST_HIDDEN;
+/* Free the states of pg's QPs that were destroyed and have no copy pending (poller). */
+void hijack_page_qp_gc(struct page *pg) ST_HIDDEN;
 /* Parse every pending range whose batch has completed (wait: every range). */
 void hijack_drain(struct page *pg, int wait) ST_HIDDEN;
 void hijack_close_batch(struct page *pg) ST_HIDDEN;
@@ -211,6 +242,8 @@ void hijack_poller_teardown_cuda(struct page *pg) ST_HIDDEN;
 
 /* ---- the poller thread (poller.c) ----------------------------------------- */
 void *hijack_poller(void *arg) ST_HIDDEN;
+/* pthread_create(pg->thr, hijack_poller) with every signal blocked in the new thread; 0 on success. */
+int hijack_start_poller(struct page *pg) ST_HIDDEN;
 /* The core of SIGMATRACE_POLLER_CPUS for the next poller (round robin), -1: none. */
 int hijack_next_poller_cpu(void) ST_HIDDEN;
 
@@ -223,6 +256,8 @@ void hijack_hook_fork(void) ST_HIDDEN;
 /* Stop pg's poller (a last scan, joined) and unmap its proxy; caller holds
  * hijack_lock, which is dropped while joining. */
 void hijack_stop_page(struct page *pg) ST_HIDDEN;
+/* CLOCK_MONOTONIC deadline (ns) of a wait for a poller that starts now. */
+uint64_t hijack_stop_deadline(void) ST_HIDDEN;
 
 /* ---- CPU doorbells (cpu_doorbell.c) --------------------------------------- */
 extern uint64_t hijack_cpu_proxy_failed ST_HIDDEN; /* CPU-doorbell proxies not installed (the real UAR was left alone) */

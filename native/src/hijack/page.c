@@ -17,16 +17,95 @@
 struct page hijack_pages[MAX_PAGES];
 static int exit_hook;
 
-void hijack_stop_page(struct page *pg)
+/* The page's device pointers go (caller holds hijack_lock; translate_dev
+ * reads them without it). */
+static void dev_clear(struct page *pg)
+{
+	__atomic_store_n(&pg->proxy_dev, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&pg->real_dev, 0, __ATOMIC_RELEASE);
+}
+
+uint64_t hijack_stop_deadline(void)
+{
+	hijack_cfg_load();
+	return st_now_ns() + (uint64_t)hijack_cfg.stop_timeout_ms * 1000000ull;
+}
+
+/* Wait (hijack_lock not held) until *flag is set or the deadline passes; 1 if set. */
+static int wait_flag(const int *flag, uint64_t deadline)
+{
+	while (!__atomic_load_n(flag, __ATOMIC_ACQUIRE)) {
+		if (st_now_ns() >= deadline)
+			return 0;
+		struct timespec ts = {0, 20000};
+		nanosleep(&ts, NULL);
+	}
+	return 1;
+}
+
+/* Pollers that did not answer a stop, quiesce or detach in time, and what
+ * they had copied but not parsed (under hijack_lock; reported at exit). */
+static uint64_t stuck_pollers, undrained_ranges, undrained_wqebb;
+
+/* pg's poller did not answer within SIGMATRACE_HIJACK_STOP_TIMEOUT_MS (stuck
+ * in a driver call, say): nobody waits for it again, its proxy stays mapped
+ * (it may still read it; the slot is never reused), and the ranges it had
+ * not drained are counted lost and reported in place of its own summary
+ * (its counters read while it runs: a snapshot).  Caller holds hijack_lock. */
+static void report_stuck(struct page *pg, const char *when)
+{
+	if (pg->stuck)
+		return;
+	pg->stuck = 1;
+	uint32_t head = __atomic_load_n(&pg->pend_head, __ATOMIC_RELAXED), tail = __atomic_load_n(&pg->pend_tail, __ATOMIC_RELAXED);
+	uint64_t n = 0, w = 0;
+	for (uint32_t i = tail; i != head && n < MAX_PEND; i++, n++)
+		w += __atomic_load_n(&pg->pend[i % MAX_PEND].cnt, __ATOMIC_RELAXED);
+	stuck_pollers++;
+	undrained_ranges += n;
+	undrained_wqebb += w;
+	uint64_t seen = __atomic_load_n(&pg->seen, __ATOMIC_RELAXED);
+	st_warn("hijack: the poller of UAR page %#x did not answer (%s) within %d ms; %llu copied range(s), %llu WQEBBs not drained",
+		pg->page_id, when, hijack_cfg.stop_timeout_ms, (unsigned long long)n, (unsigned long long)w);
+	if (!__atomic_load_n(&pg->installed, __ATOMIC_RELAXED))
+		return; /* never used: it would have recorded nothing */
+	char buf[384];
+	struct st_json j;
+	st_json_init(&j, buf, sizeof buf);
+	st_json_open(&j, NULL, '{');
+	st_json_uint(&j, "doorbells", seen);
+	st_json_uint(&j, "wqebb_lost", w);
+	st_json_bool(&j, "stuck", 1);
+	st_json_str(&j, "when", when);
+	st_json_uint(&j, "undrained_ranges", n);
+	st_json_uint(&j, "undrained_wqebb", w);
+	if (pg->cpuproxy)
+		st_json_bool(&j, "cpu_doorbells", 1);
+	st_json_close(&j, '}');
+	st_side_json(buf, j.len);
+	st_ev(ST_EV_DB_HIJACK_REMOVE, 0, pg->page_id, seen);
+}
+
+/* hijack_stop_page, waiting until deadline at most. */
+static void stop_page_until(struct page *pg, uint64_t deadline)
 {
 	/* caller holds hijack_lock */
 	if (!pg->live)
 		return;
-	pg->live = 0;
+	__atomic_store_n(&pg->live, 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&pg->stop, 1, __ATOMIC_RELEASE);
 	pthread_t t = pg->thr;
 	int started = pg->thr_started;
+	if (started && pg->stuck)
+		return; /* it did not answer before: nobody waits for it again */
 	pthread_mutex_unlock(&hijack_lock);
+	int done = !started || wait_flag(&pg->exited, deadline);
+	if (!done) {
+		pthread_detach(t);
+		pthread_mutex_lock(&hijack_lock);
+		report_stuck(pg, "stop");
+		return;
+	}
 	if (started)
 		pthread_join(t, NULL);
 	const struct st_cudrv *d = drv();
@@ -37,7 +116,7 @@ void hijack_stop_page(struct page *pg)
 		if (pg->gproxy)
 			munmap(pg->gproxy, PAGE_SZ);
 		pg->gproxy = NULL;
-		pg->proxy_dev = pg->real_dev = 0;
+		dev_clear(pg);
 	} else if (d && pg->proxy_dev)
 		d->MemHostUnregister(pg->proxy);
 	munmap(pg->proxy, PAGE_SZ);
@@ -45,19 +124,23 @@ void hijack_stop_page(struct page *pg)
 	pthread_mutex_lock(&hijack_lock);
 }
 
-/* Process exit, CPU-doorbell page: summary and flush now, but keep
- * forwarding until the process is gone (caller holds hijack_lock). */
-static void quiesce_page(struct page *pg)
+void hijack_stop_page(struct page *pg)
 {
-	if (!pg->live || !pg->thr_started || __atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
+	stop_page_until(pg, hijack_stop_deadline());
+}
+
+/* Process exit, CPU-doorbell page: summary and flush now, but keep
+ * forwarding until the process is gone.  The request (quiesce) was posted by
+ * the caller, which holds hijack_lock; wait until deadline at most. */
+static void quiesce_wait(struct page *pg, uint64_t deadline)
+{
+	if (!pg->live || !pg->thr_started || pg->stuck)
 		return;
-	__atomic_store_n(&pg->quiesce, 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&hijack_lock);
-	while (!__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE)) {
-		struct timespec ts = {0, 20000};
-		nanosleep(&ts, NULL);
-	}
+	int done = wait_flag(&pg->quiesced, deadline);
 	pthread_mutex_lock(&hijack_lock);
+	if (!done)
+		report_stuck(pg, "exit");
 }
 
 /* A device pointer for a CPU-doorbell page: register a second proxy page
@@ -83,7 +166,7 @@ static int gpu_attach(struct page *pg, const struct st_cudrv *d)
 		d->MemHostUnregister(pg->gproxy);
 		return -1;
 	}
-	pg->proxy_dev = pd;
+	__atomic_store_n(&pg->proxy_dev, pd, __ATOMIC_RELEASE); /* translate_dev reads it without the lock */
 	st_CUcontext c = NULL;
 	if (d->CtxGetCurrent && d->CtxGetCurrent(&c) == 0 && c)
 		pg->cuctx = c;
@@ -105,34 +188,68 @@ static void gpu_detach(struct page *pg)
 		return;
 	__atomic_store_n(&pg->gpu_want, 0, __ATOMIC_RELEASE);
 	uint32_t seq = __atomic_add_fetch(&pg->gpu_seq, 1, __ATOMIC_RELEASE);
-	if (pg->thr_started && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+	int timed_out = 0;
+	if (pg->thr_started && !pg->stuck && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+		uint64_t deadline = hijack_stop_deadline();
 		pthread_mutex_unlock(&hijack_lock);
-		while (__atomic_load_n(&pg->gpu_ack, __ATOMIC_ACQUIRE) != seq && pg->live &&
+		while (__atomic_load_n(&pg->gpu_ack, __ATOMIC_ACQUIRE) != seq && __atomic_load_n(&pg->live, __ATOMIC_ACQUIRE) &&
 		       !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+			if (st_now_ns() >= deadline) {
+				timed_out = 1;
+				break;
+			}
 			struct timespec ts = {0, 20000};
 			nanosleep(&ts, NULL);
 		}
 		pthread_mutex_lock(&hijack_lock);
 	}
-	if (!pg->live || !pg->proxy_dev)
+	if (timed_out)
+		report_stuck(pg, "detach"); /* the GPU proxy stays registered: the poller may still scan it */
+	if (!pg->live || !pg->proxy_dev || pg->stuck)
 		return;
 	const struct st_cudrv *d = drv();
 	if (d && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE))
 		d->MemHostUnregister(pg->gproxy);
-	pg->proxy_dev = pg->real_dev = 0;
+	dev_clear(pg);
 }
 void st_hijack_shutdown(void)
 {
 	pthread_mutex_lock(&hijack_lock);
+	/* every poller is asked first and then waited for against one deadline:
+	 * stuck ones cost the timeout once, not once each */
+	static unsigned char ask[MAX_PAGES];
 	for (int i = 0; i < MAX_PAGES; i++) {
-		if (hijack_pages[i].live && hijack_pages[i].cpuproxy)
-			quiesce_page(&hijack_pages[i]);
-		else
-			hijack_stop_page(&hijack_pages[i]);
+		struct page *pg = &hijack_pages[i];
+		ask[i] = 0;
+		if (!pg->live)
+			continue;
+		if (!pg->cpuproxy)
+			__atomic_store_n(&pg->stop, 1, __ATOMIC_RELEASE);
+		else if (pg->thr_started && !__atomic_load_n(&pg->quiesce, __ATOMIC_ACQUIRE)) {
+			__atomic_store_n(&pg->quiesce, 1, __ATOMIC_RELEASE);
+			ask[i] = 1;
+		}
+	}
+	uint64_t deadline = hijack_stop_deadline();
+	for (int i = 0; i < MAX_PAGES; i++) {
+		struct page *pg = &hijack_pages[i];
+		if (pg->live && pg->cpuproxy) {
+			if (ask[i])
+				quiesce_wait(pg, deadline);
+		} else
+			stop_page_until(pg, deadline);
 	}
 	if (hijack_cpu_proxy_failed)
 		st_warn("hijack: %llu UAR register(s) left unproxied (CPU doorbells not traced there)",
 			(unsigned long long)hijack_cpu_proxy_failed);
+	if (hijack_qp_table_full)
+		st_warn("hijack: %llu QP(s) not recorded (QP table full, %d live records): their WQEs are not recovered",
+			(unsigned long long)hijack_qp_table_full, QP_SLOTS);
+	if (stuck_pollers)
+		st_warn("hijack: %llu poller(s) did not stop within %d ms (stuck in a driver call?); %llu copied range(s), "
+			"%llu WQEBBs not drained, counted lost",
+			(unsigned long long)stuck_pollers, hijack_cfg.stop_timeout_ms, (unsigned long long)undrained_ranges,
+			(unsigned long long)undrained_wqebb);
 	pthread_mutex_unlock(&hijack_lock);
 }
 
@@ -149,7 +266,7 @@ void hijack_hook_exit(void)
 	}
 }
 
-ST_EXPORT void st_hijack_forget_uar(void *reg_addr)
+void st_hijack_forget_uar(void *reg_addr)
 {
 	uintptr_t pgaddr = (uintptr_t)reg_addr & ~(uintptr_t)(PAGE_SZ - 1);
 	pthread_mutex_lock(&hijack_lock);
@@ -170,10 +287,12 @@ void st_hijack_on_unregister(void *p)
 	pthread_mutex_lock(&hijack_lock);
 	for (int i = 0; i < MAX_REGS; i++)
 		if (hijack_regs[i].live && hijack_regs[i].p == (uintptr_t)p) {
+			/* the range, copied: stopping a page drops the lock, and a
+			 * concurrent registration may take the freed slot meanwhile */
+			uintptr_t lo = hijack_regs[i].p, hi = lo + hijack_regs[i].size;
 			hijack_regs[i].live = 0;
 			for (int k = 0; k < MAX_PAGES; k++)
-				if (hijack_pages[k].live && hijack_pages[k].page + PAGE_SZ > hijack_regs[i].p &&
-				    hijack_pages[k].page < hijack_regs[i].p + hijack_regs[i].size) {
+				if (hijack_pages[k].live && hijack_pages[k].page + PAGE_SZ > lo && hijack_pages[k].page < hi) {
 					if (hijack_pages[k].cpuproxy)
 						gpu_detach(&hijack_pages[k]); /* the CPU may still ring */
 					else
@@ -190,9 +309,12 @@ static uint64_t translate_dev(uint64_t d, int to_real)
 {
 	for (int i = 0; i < MAX_PAGES; i++) {
 		const struct page *pg = &hijack_pages[i];
-		if (!pg->live)
+		/* written under hijack_lock with release stores, read here with
+		 * acquire loads (as cpumap): a page seen live has its pointers */
+		if (!__atomic_load_n(&pg->live, __ATOMIC_ACQUIRE))
 			continue;
-		uint64_t from = to_real ? pg->proxy_dev : pg->real_dev, to = to_real ? pg->real_dev : pg->proxy_dev;
+		uint64_t pd = __atomic_load_n(&pg->proxy_dev, __ATOMIC_ACQUIRE), rd = __atomic_load_n(&pg->real_dev, __ATOMIC_ACQUIRE);
+		uint64_t from = to_real ? pd : rd, to = to_real ? rd : pd;
 		if (from && to && d >= from && d < from + PAGE_SZ)
 			return to + (d - from);
 	}
@@ -313,16 +435,31 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 			return real_dptr;
 		}
 		if (!pg->real_dev)
-			pg->real_dev = real_dptr - (a - pgaddr);
+			__atomic_store_n(&pg->real_dev, real_dptr - (a - pgaddr), __ATOMIC_RELEASE);
 		uint64_t out = pg->proxy_dev + (a - pgaddr);
 		pthread_mutex_unlock(&hijack_lock);
 		*hijacked = 1;
 		return out;
 	}
 	if (pg) {
+		/* registers noted (or asked for) since the page was made: its poller
+		 * watches them too, as the CPU-proxy branch does above (noffs is
+		 * published last; the poller picks them up at its next scan) */
+		int n = pg->noffs;
+		for (int k = 0; k < noffs && n < MAX_WATCH; k++) {
+			int have = 0;
+			for (int w = 0; w < n && !have; w++)
+				have = pg->offs[w] == offs[k];
+			if (have)
+				continue;
+			pg->offs[n] = offs[k];
+			pg->last[n] = 0;
+			n++;
+		}
+		__atomic_store_n(&pg->noffs, n, __ATOMIC_RELEASE);
 		uint64_t out = pg->proxy_dev + (a - pgaddr);
 		if (!pg->real_dev)
-			pg->real_dev = real_dptr - (a - pgaddr);
+			__atomic_store_n(&pg->real_dev, real_dptr - (a - pgaddr), __ATOMIC_RELEASE);
 		pthread_mutex_unlock(&hijack_lock);
 		*hijacked = 1;
 		return out;
@@ -346,9 +483,11 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 	 * cannot write into it. */
 	madvise(pg->proxy, PAGE_SZ, MADV_DONTFORK);
 	st_CUdeviceptr pd = 0;
-	if (d->MemHostRegister(pg->proxy, PAGE_SZ, ST_CU_MEMHOSTREGISTER_PORTABLE | ST_CU_MEMHOSTREGISTER_DEVICEMAP) ||
-	    d->MemHostGetDevicePointer(&pd, pg->proxy, 0) || !pd) {
-		if (pd == 0)
+	int registered = d->MemHostRegister(pg->proxy, PAGE_SZ, ST_CU_MEMHOSTREGISTER_PORTABLE | ST_CU_MEMHOSTREGISTER_DEVICEMAP) == 0;
+	if (!registered || d->MemHostGetDevicePointer(&pd, pg->proxy, 0) || !pd) {
+		/* undo the registration whenever it succeeded (the pointer call may
+		 * have failed after writing a pointer), never when it did not */
+		if (registered)
 			d->MemHostUnregister(pg->proxy);
 		munmap(pg->proxy, PAGE_SZ);
 		pg->proxy = NULL;
@@ -368,12 +507,12 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 	if (d->CtxGetDevice && d->CtxGetDevice(&dev) == 0)
 		pg->gpu = dev;
 	pg->cpu = hijack_next_poller_cpu();
-	pg->live = 1;
+	__atomic_store_n(&pg->live, 1, __ATOMIC_RELEASE); /* every field above first (translate_dev) */
 	hijack_hook_exit();
-	if (pthread_create(&pg->thr, NULL, hijack_poller, pg) == 0)
+	if (hijack_start_poller(pg) == 0)
 		pg->thr_started = 1;
 	else {
-		pg->live = 0;
+		__atomic_store_n(&pg->live, 0, __ATOMIC_RELEASE);
 		d->MemHostUnregister(pg->proxy);
 		munmap(pg->proxy, PAGE_SZ);
 		pg->proxy = NULL;

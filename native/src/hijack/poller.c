@@ -8,13 +8,23 @@
  */
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "arch.h"
 #include "hijack_private.h"
+
+#if defined(__x86_64__)
+static void umon(const volatile void *a) { arm_umonitor(a); }
+static void umw(uint64_t t) { wait_umwait(t); }
+static void mon(const volatile void *a) { arm_monitorx(a); }
+static void mw(uint64_t t) { wait_mwaitx(t); }
+static const struct monitor_ops umwait_ops = {umon, umw}, mwaitx_ops = {mon, mw};
+#endif
 
 static void poller_sync(struct page *pg);
 static void poller_install(struct page *pg);
@@ -46,16 +56,55 @@ static inline uint32_t guard_wqebb(const struct qpstate *s)
 	return g ? g : 1;
 }
 
-/* A new doorbell value v at watched offset k. */
-static void on_doorbell(struct page *pg, int k, uint64_t v)
+/* The producer index (mod 2^16) and QPN a doorbell value announces. */
+static void db_decode(uint64_t v, uint16_t *pi16, uint32_t *qpn)
 {
-	uint64_t t_obs = st_tsc();
 	uint8_t b[8];
 	memcpy(b, &v, 8);
-	uint16_t pi16 = (uint16_t)((b[1] << 8) | b[2]); /* ref §3.3: bytes 1-2 */
+	uint16_t pi = (uint16_t)((b[1] << 8) | b[2]); /* ref §3.3: bytes 1-2 */
 	if (b[7] & 0x3f) /* rdma-core convention: last WQE's ctrl, PI = index + WQEBBs(DS) */
-		pi16 = (uint16_t)(pi16 + ((b[7] & 0x3f) * 16 + 63) / 64);
-	uint32_t qpn = ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 8) | b[6];
+		pi = (uint16_t)(pi + ((b[7] & 0x3f) * 16 + 63) / 64);
+	*pi16 = pi;
+	*qpn = ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 8) | b[6];
+}
+
+/* One QP's doorbells in the order they were rung (finding 1).  A QP that
+ * alternates the BlueFlame halves (rdma-core, UCX rc_mlx5: reg, reg ^ 0x100,
+ * reg, ...) can ring both between two scans; the scan reads the words in a
+ * fixed order and may then see the newer value first and the older one
+ * after it.  The older one must not reach the NIC after the newer one (its
+ * last doorbell would be stale, and the 16-bit producer index would appear
+ * to wrap by ~65k WQEBBs).  An older value can only come from another word
+ * than the QP's last doorbell (the same word holds the newest value rung
+ * there), so: a value from another word whose producer index lies behind the
+ * last one forwarded -- by at most the ring size, or half the 16-bit space
+ * when the QP's ring is unknown -- was overtaken and is dropped (counted in
+ * the summary as stale_doorbells).  Returns 1 for such a value; else notes
+ * the word and returns 0.  A writer that rings one word only is never
+ * filtered. */
+static int overtaken(struct qpstate *s, int word, uint16_t pi16)
+{
+	if (s->rung && word != s->word) {
+		uint16_t behind = (uint16_t)((uint16_t)s->pi - pi16);
+		uint32_t win = s->known ? (1u << s->log_sq) : 0x7fffu;
+		if (behind && behind <= win) {
+			s->stale++;
+			return 1;
+		}
+	}
+	s->rung = 1;
+	s->word = word;
+	return 0;
+}
+
+/* A new doorbell value v at watched offset k of the CPU proxy (src 0) or of
+ * the GPU proxy (src 1). */
+static void on_doorbell(struct page *pg, int k, int src, uint64_t v)
+{
+	uint64_t t_obs = st_tsc();
+	uint16_t pi16;
+	uint32_t qpn;
+	db_decode(v, &pi16, &qpn);
 	volatile uint64_t *real = (volatile uint64_t *)(pg->page + pg->offs[k]);
 	/* a GPU write is seen only after its device pointer was handed out, i.e.
 	 * after the attach request was posted: take it before anything else */
@@ -64,14 +113,27 @@ static void on_doorbell(struct page *pg, int k, uint64_t v)
 	if (!pg->installed)
 		poller_install(pg);
 	int mode = hijack_cfg.mode;
-	struct qpstate *s = mode == HIJACK_FORWARD ? NULL : hijack_page_qp(pg, qpn);
+	struct qpstate *s = hijack_page_qp(pg, qpn); /* every mode: the order of its doorbells */
+	if (!s)
+		pg->untracked++; /* more live QPs on this page than qs[] holds: forwarded, not recovered */
+	if (s && overtaken(s, k | (src << 8), pi16)) {
+		pg->stale++;
+		return;
+	}
+	if (s && s->rung && pg->npsh && (uint16_t)s->pi == pi16 && s->doorbells) {
+		/* a shared word: announced already from the QP's doorbell record */
+		pg->dbr_dups++;
+		return;
+	}
 	uint32_t delta = 0, first = 0;
 	int recover = 0;
 	if (s) {
 		s->doorbells++;
 		delta = (uint16_t)(pi16 - (uint16_t)s->pi);
 		first = s->pi;
-		if (s->have_sq && delta) {
+		if (mode == HIJACK_FORWARD)
+			; /* no recovery: the producer index only */
+		else if (s->have_sq && delta) {
 			if (delta > (1u << s->log_sq)) {
 				st_ev_ext(ST_EV_DB_WQE_LOST, (uint16_t)first, qpn, delta, 0, 0, ST_WQE_LOST_CORRUPT, 0);
 				s->wqebb_lost += delta;
@@ -178,8 +240,8 @@ static void poller_install(struct page *pg)
 	st_json_hex(&j, "uar_page", pg->page);
 	st_json_hex(&j, "reg_offset", pg->offs[0]);
 	st_json_hex(&j, "proxy_host", (uintptr_t)(pg->cpuproxy && pg->gproxy && pg->proxy_dev ? pg->gproxy : pg->proxy));
-	st_json_hex(&j, "proxy_dev", pg->proxy_dev);
-	st_json_hex(&j, "real_dev", pg->real_dev);
+	st_json_hex(&j, "proxy_dev", __atomic_load_n(&pg->proxy_dev, __ATOMIC_ACQUIRE));
+	st_json_hex(&j, "real_dev", __atomic_load_n(&pg->real_dev, __ATOMIC_ACQUIRE));
 	st_json_uint(&j, "page_id", pg->page_id);
 	st_json_str(&j, "mode", hijack_mode_names[hijack_cfg.mode]);
 	st_json_str(&j, "wait", hijack_wait_name(hijack_cfg.wait_kind));
@@ -199,16 +261,98 @@ static void poller_install(struct page *pg)
 	st_ev(ST_EV_DB_HIJACK_INSTALL, (uint16_t)pg->gpu, pg->page_id, id);
 }
 
+/* ---- shared register words (finding 9) ---------------------------------------
+ * Verbs QPs on one register word (rdma-core's shared bfregs) all ring the same
+ * proxy word: when two ring between two scans the later value hides the
+ * earlier, and that QP's doorbell would never reach the NIC.  Every mlx5
+ * writer stores the doorbell record (SQ counter, BE32 at +4) before ringing,
+ * so the poller reads the records of the word's other QPs and forwards, for
+ * each one that moved past the last index forwarded, a doorbell of its own
+ * (NVSHMEM's form: index = producer index, DS 0, ref §3.3) to that word --
+ * the poller stays the only writer of the real word.  The QP's own value,
+ * seen later with the same index, is then not forwarded again. */
+static void sharers_refresh(struct page *pg)
+{
+	uint32_t g = __atomic_load_n(&pg->sh_gen, __ATOMIC_ACQUIRE);
+	if (g == pg->psh_gen)
+		return;
+	pthread_mutex_lock(&hijack_lock);
+	pg->npsh = pg->nsh;
+	memcpy(pg->psh, pg->sh, sizeof pg->psh[0] * (size_t)pg->nsh);
+	pg->psh_gen = __atomic_load_n(&pg->sh_gen, __ATOMIC_ACQUIRE);
+	pthread_mutex_unlock(&hijack_lock);
+}
+
+static inline uint64_t db_value(uint16_t pi, uint32_t qpn)
+{
+	uint8_t b[8] = {0, (uint8_t)(pi >> 8), (uint8_t)pi, 0, (uint8_t)(qpn >> 16), (uint8_t)(qpn >> 8), (uint8_t)qpn, 0};
+	uint64_t v;
+	memcpy(&v, b, 8);
+	return v;
+}
+
+static int word_index(const struct page *pg, uint16_t off, int noffs)
+{
+	for (int k = 0; k < noffs; k++)
+		if (pg->offs[k] == off)
+			return k;
+	return -1;
+}
+
+/* QP qpn rings word off: forward what its doorbell record announces beyond
+ * the last index forwarded.  1 if something was forwarded. */
+static int dbr_catch_up_qp(struct page *pg, uint32_t qpn, uint16_t off, int noffs)
+{
+	int k = word_index(pg, off, noffs);
+	struct qpstate *s = k < 0 ? NULL : hijack_page_qp(pg, qpn);
+	if (!s || !s->dbr || !s->known)
+		return 0;
+	uint32_t be = __atomic_load_n((const volatile uint32_t *)(s->dbr + 4), __ATOMIC_ACQUIRE);
+	uint16_t pi = (uint16_t)(__builtin_bswap32(be) & 0xffff);
+	uint16_t delta = (uint16_t)(pi - (uint16_t)s->pi);
+	if (!delta || delta > (1u << s->log_sq))
+		return 0;
+	udma_from_device_barrier(); /* the WQEs written before the record, as the NIC would read them */
+	pg->dbr_recovered++;
+	on_doorbell(pg, k, 0, db_value(pi, qpn));
+	return 1;
+}
+
+/* After a change of word k (or idle: k < 0, every shared word): catch up the
+ * QPs of that register (both halves) from their doorbell records. */
+static int dbr_catch_up(struct page *pg, int k)
+{
+	sharers_refresh(pg);
+	if (!pg->npsh)
+		return 0;
+	int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE), n = 0;
+	for (int i = 0; i < pg->npsh; i++) {
+		uint16_t off = pg->psh[i].off;
+		if (k >= 0 && (off & ~0x100) != (pg->offs[k] & ~0x100))
+			continue;
+		n += dbr_catch_up_qp(pg, pg->psh[i].qpn, off, noffs);
+		/* and the owner of the word (both halves: one QP; a second check finds nothing new) */
+		for (int w = 0; w < noffs; w++) {
+			uint32_t who = __atomic_load_n(&pg->owner[w], __ATOMIC_RELAXED); /* set under hijack_lock */
+			if ((pg->offs[w] & ~0x100) == (off & ~0x100) && who && who != OWNER_FREE)
+				n += dbr_catch_up_qp(pg, who, pg->offs[w], noffs);
+		}
+	}
+	return n;
+}
+
 static int scan_words(struct page *pg, const uint8_t *base, uint64_t *last)
 {
-	int n = 0;
+	int n = 0, src = base != pg->proxy;
 	int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE); /* grows when a verbs QP shares the page */
 	for (int k = 0; k < noffs; k++) {
 		uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
 		if (v != last[k]) {
 			last[k] = v;
-			on_doorbell(pg, k, v);
+			on_doorbell(pg, k, src, v);
 			n++;
+			if (!src && pg->verbs)
+				n += dbr_catch_up(pg, k);
 		}
 	}
 	return n;
@@ -249,7 +393,8 @@ static int scan(struct page *pg)
 	if (__atomic_load_n(&pg->gpu_seq, __ATOMIC_ACQUIRE) != pg->gpu_seen)
 		poller_sync(pg);
 	int n = scan_words(pg, pg->proxy, pg->last);
-	if (pg->gproxy && __atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE))
+	/* gwatch (acquire) before gproxy: gpu_attach publishes gproxy first */
+	if (__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE) && pg->gproxy)
 		n += scan_words(pg, pg->gproxy, pg->glast);
 	return n;
 }
@@ -262,17 +407,29 @@ static void forward_only(struct page *pg)
 	for (;;) {
 		int stop = __atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE), n = 0;
 		for (int src = 0; src < 2; src++) {
+			/* gwatch (acquire) before gproxy, as in scan */
+			if (src && !__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE))
+				continue;
 			const uint8_t *base = src ? pg->gproxy : pg->proxy;
 			uint64_t *last = src ? pg->glast : pg->last;
-			if (!base || (src && !__atomic_load_n(&pg->gwatch, __ATOMIC_ACQUIRE)))
+			if (!base)
 				continue;
 			int noffs = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE);
 			for (int k = 0; k < noffs; k++) {
 				uint64_t v = __atomic_load_n((const volatile uint64_t *)(base + pg->offs[k]), __ATOMIC_ACQUIRE);
 				if (v != last[k]) {
 					last[k] = v;
-					forward_doorbell((volatile uint64_t *)(pg->page + pg->offs[k]), v);
 					n++;
+					/* in the QP's order, as on_doorbell (nothing recorded) */
+					uint16_t pi16;
+					uint32_t qpn;
+					db_decode(v, &pi16, &qpn);
+					struct qpstate *s = hijack_page_qp(pg, qpn);
+					if (s && overtaken(s, k | (src << 8), pi16))
+						continue;
+					if (s)
+						s->pi += (uint16_t)(pi16 - (uint16_t)s->pi);
+					forward_doorbell((volatile uint64_t *)(pg->page + pg->offs[k]), v);
 				}
 			}
 		}
@@ -289,6 +446,21 @@ static void forward_only(struct page *pg)
 		struct timespec ts = {0, 50000};
 		nanosleep(&ts, NULL);
 	}
+}
+
+/* Start pg's poller thread with every signal blocked (finding 6): a thread
+ * inherits its creator's mask, and a poller that could take a signal would
+ * change where the program's process-directed signals go (a sigwait thread
+ * of the program would miss them; their default action would run, or their
+ * handler on a tracer thread).  As the core's writer thread.  0 on success. */
+int hijack_start_poller(struct page *pg)
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int rc = pthread_create(&pg->thr, NULL, hijack_poller, pg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return rc;
 }
 
 void *hijack_poller(void *arg)
@@ -317,6 +489,7 @@ void *hijack_poller(void *arg)
 			scan(pg);
 			hijack_close_batch(pg);
 			hijack_drain(pg, 1);
+			hijack_page_qp_gc(pg); /* the forgotten QP's state goes, its entry is free again */
 			__atomic_store_n(&pg->sync_ack, sync, __ATOMIC_RELEASE);
 			idle_since = 0;
 			sleep_us = 1;
@@ -343,6 +516,11 @@ void *hijack_poller(void *arg)
 			continue;
 		}
 		spins = 0;
+		if (pg->verbs && dbr_catch_up(pg, -1)) { /* a doorbell hidden on a shared word */
+			idle_since = 0;
+			sleep_us = 1;
+			continue;
+		}
 		uint64_t now = st_now_ns();
 		if (!idle_since)
 			idle_since = now;
@@ -352,12 +530,9 @@ void *hijack_poller(void *arg)
 		if (hijack_cfg.spin_us < 0 ? in_use : now - idle_since < (uint64_t)hijack_cfg.spin_us * 1000)
 			continue;
 #if defined(__x86_64__)
-		if (hijack_cfg.wait_kind == 1 && pg->noffs == 1 && !pg->cpuproxy) {
-			wait_umwait(pg->proxy + pg->offs[0], 200000);
-			continue;
-		}
-		if (hijack_cfg.wait_kind == 2 && pg->noffs == 1 && !pg->cpuproxy) {
-			wait_mwaitx(pg->proxy + pg->offs[0], 200000);
+		if ((hijack_cfg.wait_kind == 1 || hijack_cfg.wait_kind == 2) && pg->noffs == 1 && !pg->cpuproxy) {
+			monitor_wait(hijack_cfg.wait_kind == 1 ? &umwait_ops : &mwaitx_ops,
+				     (const volatile uint64_t *)(pg->proxy + pg->offs[0]), pg->last[0], 200000);
 			continue;
 		}
 #endif
@@ -370,15 +545,20 @@ void *hijack_poller(void *arg)
 		if (sleep_us < cap)
 			sleep_us = sleep_us * 2 > cap ? cap : sleep_us * 2;
 	}
+	/* test hook: a poller stuck for good in a driver call (say
+	 * cuEventSynchronize on a copy that never ends) as it stops */
+	while (hijack_cfg.test_stuck)
+		pause();
 	hijack_close_batch(pg);
 	hijack_drain(pg, 1);
 	if (pg->installed) {
-		uint64_t ok = 0, lost = 0, wqes = 0;
-		for (int i = 0; i < pg->nqs; i++) {
-			ok += pg->qs[i].wqebb_ok;
-			lost += pg->qs[i].wqebb_lost;
-			wqes += pg->qs[i].wqe_ok;
-		}
+		uint64_t ok = pg->gone_ok, lost = pg->gone_lost, wqes = pg->gone_wqes;
+		for (int i = 0; i < pg->nqs; i++)
+			if (pg->qs[i].used) {
+				ok += pg->qs[i].wqebb_ok;
+				lost += pg->qs[i].wqebb_lost;
+				wqes += pg->qs[i].wqe_ok;
+			}
 		char buf[512];
 		struct st_json j;
 		st_json_init(&j, buf, sizeof buf);
@@ -388,14 +568,23 @@ void *hijack_poller(void *arg)
 		st_json_uint(&j, "wqebb_verified", ok);
 		st_json_uint(&j, "wqebb_lost", lost);
 		st_json_uint(&j, "unknown_qp_doorbells", pg->unknown_qp);
+		st_json_uint(&j, "untracked_qp_doorbells", pg->untracked);
 		st_json_uint(&j, "copies", pg->copies);
 		st_json_uint(&j, "sync_waits", pg->sync_waits);
 		st_json_uint(&j, "guard_waits", pg->guard_waits);
+		st_json_uint(&j, "stale_doorbells", pg->stale);
+		if (pg->verbs) {
+			st_json_uint(&j, "dbr_recovered_doorbells", pg->dbr_recovered);
+			st_json_uint(&j, "dbr_duplicate_doorbells", pg->dbr_dups);
+		}
 		if (pg->cpuproxy)
 			st_json_bool(&j, "cpu_doorbells", 1);
 		st_json_close(&j, '}');
 		st_side_json(buf, j.len);
 		st_ev(ST_EV_DB_HIJACK_REMOVE, 0, pg->page_id, pg->seen);
+		if (pg->untracked)
+			st_warn("hijack: UAR page %#x: %llu doorbell(s) of QPs beyond the poller's %d live QP states were "
+				"forwarded without WQE recovery", pg->page_id, (unsigned long long)pg->untracked, MAX_QPS_PER_PAGE);
 	}
 	hijack_poller_teardown_cuda(pg);
 	st_thread_exit_current();
@@ -404,5 +593,6 @@ void *hijack_poller(void *arg)
 		forward_only(pg);
 	}
 	st_tls_depth--;
+	__atomic_store_n(&pg->exited, 1, __ATOMIC_RELEASE);
 	return NULL;
 }

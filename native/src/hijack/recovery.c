@@ -10,39 +10,95 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "arch.h"
 #include "hijack_private.h"
 
-/* s follows record q (its SQ looked up under hijack_lock: umems change). */
+/* s follows record q (its SQ looked up under hijack_lock: umems change; the
+ * slot may have gone to another QP since the lock-free lookup). */
 static void qpstate_load(struct qpstate *s, const struct qp_rec *q)
 {
 	pthread_mutex_lock(&hijack_lock);
-	s->gen = q->gen;
-	s->log_sq = q->log_sq;
-	s->have_sq = hijack_qp_sq(q, &s->sq, &s->gpu) == 0;
+	if (q->qpn == s->qpn && q->live) {
+		s->gen = q->gen;
+		s->log_sq = q->log_sq;
+		s->known = 1;
+		s->have_sq = hijack_qp_sq(q, &s->sq, &s->gpu) == 0;
+		s->dbr = hijack_qp_dbr(q);
+	} else
+		s->have_sq = 0, s->dbr = 0;
 	pthread_mutex_unlock(&hijack_lock);
+}
+
+/* Is s a QP that no longer exists (record gone, dead, or made again) and
+ * has nothing pending?  Then its entry can go. */
+static int qpstate_dead(const struct qpstate *s)
+{
+	if (s->npend)
+		return 0;
+	struct qp_rec *q = hijack_qp_slot(s->qpn, 0);
+	return !q || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE) || (s->known && __atomic_load_n(&q->gen, __ATOMIC_ACQUIRE) != s->gen);
+}
+
+static void qpstate_free(struct page *pg, struct qpstate *s)
+{
+	pg->gone_ok += s->wqebb_ok;
+	pg->gone_lost += s->wqebb_lost;
+	pg->gone_wqes += s->wqe_ok;
+	s->used = 0;
+	if (s == &pg->qs[pg->nqs - 1])
+		while (pg->nqs && !pg->qs[pg->nqs - 1].used)
+			pg->nqs--;
+}
+
+void hijack_page_qp_gc(struct page *pg)
+{
+	for (int i = 0; i < pg->nqs; i++)
+		if (pg->qs[i].used && qpstate_dead(&pg->qs[i]))
+			qpstate_free(pg, &pg->qs[i]);
 }
 
 struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn)
 {
-	for (int i = 0; i < pg->nqs; i++)
+	struct qpstate *fresh = NULL;
+	for (int i = 0; i < pg->nqs; i++) {
+		if (!pg->qs[i].used) {
+			if (!fresh)
+				fresh = &pg->qs[i];
+			continue;
+		}
 		if (pg->qs[i].qpn == qpn) {
 			struct qpstate *s = &pg->qs[i];
 			struct qp_rec *q = hijack_qp_slot(qpn, 0);
-			if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE) && q->gen != s->gen) {
+			if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE) && __atomic_load_n(&q->gen, __ATOMIC_ACQUIRE) != s->gen) {
 				/* QP recreated with the same number: start over */
 				s->pi = 0;
+				s->rung = 0;
 				qpstate_load(s, q);
-			} else if (s->have_sq && (!q || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE))) {
-				s->have_sq = 0; /* forgotten (QP destroyed): its SQ may be freed */
+			} else if ((s->have_sq || s->dbr) && (!q || !__atomic_load_n(&q->live, __ATOMIC_ACQUIRE))) {
+				s->have_sq = 0; /* forgotten (QP destroyed): its SQ and doorbell record may be freed */
+				s->dbr = 0;
 			} else if (!s->have_sq && q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE)) {
 				qpstate_load(s, q);
 			}
 			return s;
 		}
-	if (pg->nqs == MAX_QPS_PER_PAGE)
-		return NULL;
-	struct qpstate *s = &pg->qs[pg->nqs++];
+	}
+	if (!fresh && pg->nqs < MAX_QPS_PER_PAGE)
+		fresh = &pg->qs[pg->nqs++];
+	if (!fresh) {
+		/* full: the entries of destroyed QPs go (their counters stay in the page's totals) */
+		hijack_page_qp_gc(pg);
+		for (int i = 0; i < pg->nqs && !fresh; i++)
+			if (!pg->qs[i].used)
+				fresh = &pg->qs[i];
+		if (!fresh && pg->nqs < MAX_QPS_PER_PAGE)
+			fresh = &pg->qs[pg->nqs++];
+		if (!fresh)
+			return NULL;
+	}
+	struct qpstate *s = fresh;
 	memset(s, 0, sizeof *s);
+	s->used = 1;
 	s->qpn = qpn;
 	struct qp_rec *q = hijack_qp_slot(qpn, 0);
 	if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE))
@@ -214,9 +270,13 @@ void hijack_issue_copy(struct page *pg, struct qpstate *s, uint32_t first, uint3
 			if (r)
 				p->copy_failed = 1;
 		} else if (!s->gpu) {
+			/* a racy read by design: the application may be writing the next WQEs into the ring
+			 * while it is copied; every copied WQE is checked (parse, index, guard) before use */
+			racy_read_begin();
 			memcpy(dst, (const void *)(s->sq + (uint64_t)s0 * 64), (size_t)c1 * 64);
 			if (c2)
 				memcpy(dst + (size_t)c1 * 64, (const void *)s->sq, (size_t)c2 * 64);
+			racy_read_end();
 		} else {
 			p->copy_failed = 1;
 		}

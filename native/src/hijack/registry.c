@@ -14,21 +14,52 @@ struct umem_rec hijack_umems[MAX_UMEMS];
 struct reg_rec hijack_regs[MAX_REGS];
 static struct qp_rec qps[QP_SLOTS];
 
+/* QP records: open addressing with linear probing, read lock-free (the
+ * pollers).  A forgotten QP's slot becomes a tombstone (QP_TOMB: lookups go on
+ * past it, a new QP may take it), and tombstones followed by an empty slot
+ * become empty again, so that a process that creates and destroys many QPs
+ * (QPNs are not reused soon by a real HCA) neither fills the table nor makes
+ * every lookup walk it.  Emptying a slot whose successor is empty never cuts
+ * a live record's probe path (that path holds no empty slot, and by
+ * induction none of its slots is ever emptied while the record lives). */
+#define QP_TOMB 0xFFFFFFFFu /* QPNs are 24 bits */
+
 struct qp_rec *hijack_qp_slot(uint32_t qpn, int create)
 {
 	uint32_t h = (qpn * 2654435761u) & (QP_SLOTS - 1);
+	struct qp_rec *tomb = NULL;
 	for (uint32_t i = 0; i < QP_SLOTS; i++) {
 		struct qp_rec *q = &qps[(h + i) & (QP_SLOTS - 1)];
 		uint32_t k = __atomic_load_n(&q->qpn, __ATOMIC_ACQUIRE);
 		if (k == qpn)
 			return q;
+		if (k == QP_TOMB) {
+			if (!tomb)
+				tomb = q;
+			continue;
+		}
 		if (k == 0)
-			return create ? q : NULL;
+			return create ? (tomb ? tomb : q) : NULL;
 	}
-	return NULL;
+	return create ? tomb : NULL;
 }
 
-ST_EXPORT void st_hijack_note_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx)
+/* QP record q goes (under hijack_lock). */
+void hijack_qp_free(struct qp_rec *q)
+{
+	__atomic_store_n(&q->live, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&q->qpn, QP_TOMB, __ATOMIC_RELEASE);
+	uint32_t i = (uint32_t)(q - qps);
+	if (__atomic_load_n(&qps[(i + 1) & (QP_SLOTS - 1)].qpn, __ATOMIC_ACQUIRE) != 0)
+		return;
+	/* the tombstones that end at an empty slot: empty again, backwards */
+	for (uint32_t n = 0; n < QP_SLOTS && __atomic_load_n(&qps[i].qpn, __ATOMIC_ACQUIRE) == QP_TOMB; n++) {
+		__atomic_store_n(&qps[i].qpn, 0, __ATOMIC_RELEASE);
+		i = (i - 1) & (QP_SLOTS - 1);
+	}
+}
+
+void st_hijack_note_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx)
 {
 	pthread_mutex_lock(&hijack_lock);
 	int free_i = -1;
@@ -45,7 +76,7 @@ ST_EXPORT void st_hijack_note_uar(void *reg_addr, void *base_addr, uint32_t page
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-ST_EXPORT void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu)
+void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu)
 {
 	pthread_mutex_lock(&hijack_lock);
 	int free_i = -1;
@@ -62,7 +93,7 @@ ST_EXPORT void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, 
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-ST_EXPORT void st_hijack_forget_umem(uint32_t umem_id)
+void st_hijack_forget_umem(uint32_t umem_id)
 {
 	pthread_mutex_lock(&hijack_lock);
 	for (int i = 0; i < MAX_UMEMS; i++)
@@ -72,8 +103,9 @@ ST_EXPORT void st_hijack_forget_umem(uint32_t umem_id)
 }
 
 static uint64_t qp_gen;
-ST_EXPORT void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uint64_t sq_offset,
-				 uint32_t log_sq_size, uint32_t dbr_umem_id, uint64_t dbr_offset)
+uint64_t hijack_qp_table_full; /* QPs not recorded: no free slot (their WQEs are not recovered) */
+void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uint64_t sq_offset,
+		       uint32_t log_sq_size, uint32_t dbr_umem_id, uint64_t dbr_offset)
 {
 	if (!qpn || log_sq_size > 15)
 		return;
@@ -87,8 +119,10 @@ ST_EXPORT void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_um
 		pthread_mutex_unlock(&hijack_lock);
 		return;
 	}
+	if (!q)
+		hijack_qp_table_full++;
 	if (q) {
-		q->live = 0;
+		__atomic_store_n(&q->live, 0, __ATOMIC_RELEASE);
 		__atomic_thread_fence(__ATOMIC_RELEASE);
 		q->uar_page = uar_page;
 		q->wq_umem = wq_umem_id;
@@ -96,19 +130,19 @@ ST_EXPORT void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_um
 		q->log_sq = log_sq_size;
 		q->dbr_umem = dbr_umem_id;
 		q->dbr_offset = dbr_offset;
-		q->gen = ++qp_gen;
+		__atomic_store_n(&q->gen, ++qp_gen, __ATOMIC_RELAXED); /* published by the release store of live below */
 		__atomic_store_n(&q->qpn, qpn, __ATOMIC_RELEASE);
 		__atomic_store_n(&q->live, 1, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&hijack_lock);
 }
 
-ST_EXPORT void st_hijack_forget_qp(uint32_t qpn)
+void st_hijack_forget_qp(uint32_t qpn)
 {
 	pthread_mutex_lock(&hijack_lock);
 	struct qp_rec *q = hijack_qp_slot(qpn, 0);
 	if (q)
-		__atomic_store_n(&q->live, 0, __ATOMIC_RELEASE);
+		hijack_qp_free(q);
 	pthread_mutex_unlock(&hijack_lock);
 }
 
@@ -125,6 +159,14 @@ int hijack_qp_sq(const struct qp_rec *q, uintptr_t *sq, int *gpu)
 			return 0;
 		}
 	return -1;
+}
+
+uintptr_t hijack_qp_dbr(const struct qp_rec *q)
+{
+	for (int i = 0; i < MAX_UMEMS; i++)
+		if (hijack_umems[i].live && hijack_umems[i].id == q->dbr_umem)
+			return hijack_umems[i].gpu || q->dbr_offset + 8 > hijack_umems[i].size ? 0 : hijack_umems[i].addr + q->dbr_offset;
+	return 0;
 }
 
 /* ---- CUDA provider hooks ------------------------------------------------------------ */

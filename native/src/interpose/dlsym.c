@@ -34,6 +34,27 @@ struct lookup {
 	void *result;
 };
 
+/* No libc string calls on this path: a sanitizer runtime intercepts them and is not ready yet when it
+ * calls our dlsym during its own initialisation. */
+static int same_name(const char *a, const char *b)
+{
+	while (*a && *a == *b)
+		a++, b++;
+	return *a == *b;
+}
+
+static int contains(const char *hay, const char *needle)
+{
+	for (; *hay; hay++) {
+		const char *h = hay, *n = needle;
+		while (*n && *h == *n)
+			h++, n++;
+		if (!*n)
+			return 1;
+	}
+	return 0;
+}
+
 static uint32_t gnu_hash(const char *s)
 {
 	uint32_t h = 5381;
@@ -42,16 +63,9 @@ static uint32_t gnu_hash(const char *s)
 	return h;
 }
 
-static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
+/* One loaded object (load base, dynamic section): the symbol's address in want->result. */
+static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *want)
 {
-	struct lookup *lk = data;
-	(void)size;
-	if (lk->result || !info->dlpi_name || !strstr(info->dlpi_name, lk->lib))
-		return 0;
-	const ElfW(Dyn) *dyn = NULL;
-	for (int i = 0; i < info->dlpi_phnum; i++)
-		if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
-			dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
 	if (!dyn)
 		return 0;
 	ElfW(Addr) symtab = 0, strtab = 0, gnuhash = 0, hash = 0, versym = 0;
@@ -65,7 +79,7 @@ static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 		}
 	}
 	/* the dynamic linker relocates these in place on most targets, not all */
-#define FIX(p) ((p) && (p) < info->dlpi_addr ? (p) + info->dlpi_addr : (p))
+#define FIX(p) ((p) && (p) < base ? (p) + base : (p))
 	symtab = FIX(symtab);
 	strtab = FIX(strtab);
 	gnuhash = FIX(gnuhash);
@@ -76,19 +90,19 @@ static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 		return 0;
 	const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
 	const char *strs = (const char *)strtab;
-	const ElfW(Half) *vs = (const ElfW(Half) *)versym;
+	const ElfW(Half) *versions = (const ElfW(Half) *)versym;
 	void *hidden_match = NULL;
 
 #define CONSIDER(idx)                                                                          \
 	do {                                                                                   \
-		const ElfW(Sym) *s_ = &syms[idx];                                              \
-		if (s_->st_value && s_->st_shndx != SHN_UNDEF &&                                \
-		    ELF64_ST_TYPE(s_->st_info) == STT_FUNC && !strcmp(strs + s_->st_name, lk->sym)) { \
-			void *addr_ = (void *)(info->dlpi_addr + s_->st_value);                  \
-			if (vs && (vs[idx] & 0x8000))                                          \
+		const ElfW(Sym) *sym_ = &syms[idx];                                              \
+		if (sym_->st_value && sym_->st_shndx != SHN_UNDEF &&                                \
+		    ELF64_ST_TYPE(sym_->st_info) == STT_FUNC && same_name(strs + sym_->st_name, want->sym)) { \
+			void *addr_ = (void *)(base + sym_->st_value);                  \
+			if (versions && (versions[idx] & 0x8000))                                          \
 				hidden_match = addr_;                                          \
 			else {                                                                 \
-				lk->result = addr_;                                            \
+				want->result = addr_;                                            \
 				return 1;                                                      \
 			}                                                                      \
 		}                                                                              \
@@ -100,7 +114,7 @@ static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 		const ElfW(Addr) *bloom = (const ElfW(Addr) *)&h[4];
 		const uint32_t *buckets = (const uint32_t *)&bloom[bloom_size];
 		const uint32_t *chain = &buckets[nbuckets];
-		uint32_t hv = gnu_hash(lk->sym);
+		uint32_t hv = gnu_hash(want->sym);
 		uint32_t idx = nbuckets ? buckets[hv % nbuckets] : 0;
 		if (idx >= symoffset) {
 			for (;;) {
@@ -120,20 +134,25 @@ static int lookup_cb(struct dl_phdr_info *info, size_t size, void *data)
 	}
 #undef CONSIDER
 	if (hidden_match) {
-		lk->result = hidden_match;
+		want->result = hidden_match;
 		return 1;
 	}
 	return 0;
 }
 
+/* The dynamic linker's list of loaded objects, walked directly rather than with dl_iterate_phdr: a
+ * sanitizer runtime preloaded before us intercepts dl_iterate_phdr and resolves what it intercepts through
+ * dlsym — ours — while it initialises, so that path would call an interceptor not yet set up. */
+extern struct r_debug _r_debug;
+
 static void *libc_symbol(const char *sym)
 {
 	static const char *const libs[] = {"libc.so", "libdl.so"};
 	for (unsigned i = 0; i < 2; i++) {
-		struct lookup lk = {libs[i], sym, NULL};
-		dl_iterate_phdr(lookup_cb, &lk);
-		if (lk.result)
-			return lk.result;
+		struct lookup want = {libs[i], sym, NULL};
+		for (struct link_map *m = _r_debug.r_map; m; m = m->l_next)
+			if (m->l_name && contains(m->l_name, want.lib) && lookup_in(m->l_ld, m->l_addr, &want))
+				return want.result;
 	}
 	return NULL;
 }
@@ -174,34 +193,30 @@ static void *inject(const struct st_hook *h, void *real)
 	return h->wrapper;
 }
 
+/* The body of both exports.  A hooked name is looked up from here, so its
+ * RTLD_NEXT means "after sigmatrace", the traced library; any other name
+ * ends in a tail call, which keeps the caller's return address and so the
+ * caller's RTLD_NEXT. */
+#define LOOKUP(real, ...)                                              \
+	if (unlikely(!(real)))                                         \
+		bootstrap();                                           \
+	if (name && !in_dlsym && st_cfg.enabled) {                     \
+		const struct st_hook *hook = st_hook_find(name);       \
+		if (hook && st_provider_on(hook->provider)) {          \
+			in_dlsym = 1;                                  \
+			void *found = (real)(__VA_ARGS__);             \
+			in_dlsym = 0;                                  \
+			return inject(hook, found);                    \
+		}                                                      \
+	}                                                              \
+	return (real)(__VA_ARGS__)
+
 ST_EXPORT void *dlsym(void *handle, const char *name)
 {
-	if (unlikely(!real_dlsym_p))
-		bootstrap();
-	if (name && !in_dlsym && st_cfg.enabled) {
-		const struct st_hook *h = st_hook_find(name);
-		if (h && st_provider_on(h->provider)) {
-			in_dlsym = 1;
-			void *r = real_dlsym_p(handle, name);
-			in_dlsym = 0;
-			return inject(h, r);
-		}
-	}
-	return real_dlsym_p(handle, name); /* tail call: keeps RTLD_NEXT relative to the caller */
+	LOOKUP(real_dlsym_p, handle, name);
 }
 
 ST_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
 {
-	if (unlikely(!real_dlvsym_p))
-		bootstrap();
-	if (name && !in_dlsym && st_cfg.enabled) {
-		const struct st_hook *h = st_hook_find(name);
-		if (h && st_provider_on(h->provider)) {
-			in_dlsym = 1;
-			void *r = real_dlvsym_p(handle, name, version);
-			in_dlsym = 0;
-			return inject(h, r);
-		}
-	}
-	return real_dlvsym_p(handle, name, version);
+	LOOKUP(real_dlvsym_p, handle, name, version);
 }

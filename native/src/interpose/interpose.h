@@ -34,6 +34,12 @@ void st_interpose_init(void) ST_HIDDEN;
 /* Providers call this from their constructors (priority > 101). */
 void st_hooks_register(const struct st_hook *hooks, unsigned n) ST_HIDDEN;
 const struct st_hook *st_hook_find(const char *name) ST_HIDDEN;
+/* The constructor that registers a provider's static hook table. */
+#define ST_HOOKS_CONSTRUCTOR(priority, table)                                      \
+	__attribute__((constructor(priority))) static void register_##table(void)  \
+	{                                                                          \
+		st_hooks_register(table, sizeof(table) / sizeof(table[0]));        \
+	}
 
 /* The next definition after this library (the real function), or NULL. */
 void *st_resolve_next(const char *name) ST_HIDDEN;

@@ -12,6 +12,10 @@
  *      table, and return the real pointer untouched otherwise.
  * cuGetExportTable (private driver tables) is recorded and passed through.
  *
+ * The wrapped entry points are listed in cuda_shims.def (X-macros); their
+ * shims, real pointers and hook rows are generated from it, what each
+ * records is a function here.
+ *
  * No CUDA headers: the types and constants live in hijack/cudrv.h.
  */
 #include <string.h>
@@ -24,26 +28,19 @@ typedef st_CUresult CUresult;
 typedef st_CUdeviceptr CUdeviceptr;
 
 /* real entry points (set by dlsym injection, cuGetProcAddress, or lazily) */
-static CUresult (*real_reg_v1)(void *, unsigned, unsigned);
-static CUresult (*real_reg_v2)(void *, size_t, unsigned);
-static CUresult (*real_unreg)(void *);
-static CUresult (*real_gdp_v1)(unsigned *, void *, unsigned);
-static CUresult (*real_gdp_v2)(CUdeviceptr *, void *, unsigned);
-static CUresult (*real_pga)(void *, int, CUdeviceptr);
-static CUresult (*real_pgas)(unsigned, int *, void **, CUdeviceptr);
-static CUresult (*real_gpa_v1)(const char *, void **, int, uint64_t);
-static CUresult (*real_gpa_v2)(const char *, void **, int, uint64_t, int *);
-static CUresult (*real_get)(const void **, const void *);
+#define ST_CUDA_SHIM(name, params, args, translate, prepare, call_args, record) static CUresult(*real_##name) params;
+#define ST_CUDA_PASS(name, params, args, record) static CUresult(*real_##name) params;
+#include "cuda_shims.def"
 
 static uint64_t gpa_unwrapped; /* symbols we know but could not wrap (variant clash) */
 
 #define CUDA_ERROR_NOT_INITIALIZED 3
-#define RESOLVE(var, name)                                                    \
-	do {                                                                  \
-		if (unlikely(!(var))) {                                       \
-			void *p_ = st_cudrv() ? st_cudrv_sym(name) : NULL;    \
+#define RESOLVE(var, name)                                                       \
+	do {                                                                     \
+		if (unlikely(!(var))) {                                          \
+			void *p_ = st_cudrv() ? st_cudrv_sym(name) : NULL;       \
 			__atomic_store_n((void **)&(var), p_, __ATOMIC_RELEASE); \
-		}                                                             \
+		}                                                                \
 	} while (0)
 
 static inline int on(void)
@@ -51,7 +48,7 @@ static inline int on(void)
 	return st_provider_on(ST_PROV_CUDA);
 }
 
-/* ---- host registration ------------------------------------------------------- */
+/* ---- what the shims record (the `record` column of cuda_shims.def) ---------- */
 static void after_register(void *p, size_t size, unsigned flags, CUresult r)
 {
 	if (r == 0)
@@ -60,96 +57,33 @@ static void after_register(void *p, size_t size, unsigned flags, CUresult r)
 	st_ev_ext(ST_EV_CU_MEM_HOST_REGISTER, (uint16_t)r, flags, (uint64_t)(uintptr_t)p, size, 0, 0, 0);
 }
 
-ST_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags)
+static void after_unregister(void *p, CUresult r)
 {
-	RESOLVE(real_reg_v2, "cuMemHostRegister_v2");
-	if (!real_reg_v2)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	p = st_hijack_cpu_real(p); /* a CPU-doorbell proxy stands for the real UAR (F24d) */
-	if (!on() || st_tls_depth)
-		return real_reg_v2(p, size, flags);
-	st_enter();
-	CUresult r = real_reg_v2(p, size, flags);
-	st_leave();
-	after_register(p, size, flags, r);
-	return r;
-}
-
-ST_EXPORT CUresult cuMemHostRegister(void *p, unsigned size, unsigned flags)
-{
-	RESOLVE(real_reg_v1, "cuMemHostRegister");
-	if (!real_reg_v1)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	p = st_hijack_cpu_real(p);
-	if (!on() || st_tls_depth)
-		return real_reg_v1(p, size, flags);
-	st_enter();
-	CUresult r = real_reg_v1(p, size, flags);
-	st_leave();
-	after_register(p, size, flags, r);
-	return r;
-}
-
-ST_EXPORT CUresult cuMemHostUnregister(void *p)
-{
-	RESOLVE(real_unreg, "cuMemHostUnregister");
-	if (!real_unreg)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	p = st_hijack_cpu_real(p);
-	if (!on() || st_tls_depth)
-		return real_unreg(p);
-	/* pollers of doorbells in this range stop first (they forward what they hold) */
-	st_hijack_on_unregister(p);
-	st_enter();
-	CUresult r = real_unreg(p);
-	st_leave();
 	st_ensure_active();
 	st_ev(ST_EV_CU_MEM_HOST_UNREGISTER, (uint16_t)r, 0, (uint64_t)(uintptr_t)p);
-	return r;
 }
 
-/* ---- device pointers of host memory: where the hijack happens ------------------ */
-ST_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsigned flags)
+/* The hijack: the application gets a proxy device pointer for a doorbell
+ * page (hijacked = 1); the event carries both. */
+static void devptr_given(CUdeviceptr *devptr, void *p, CUresult r)
 {
-	RESOLVE(real_gdp_v2, "cuMemHostGetDevicePointer_v2");
-	if (!real_gdp_v2)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	p = st_hijack_cpu_real(p);
-	if (!on() || st_tls_depth)
-		return real_gdp_v2(pd, p, flags);
-	st_enter();
-	CUresult r = real_gdp_v2(pd, p, flags);
-	st_leave();
-	int hij = 0;
-	uint64_t real = (r == 0 && pd) ? *pd : 0, given = real;
-	if (r == 0 && pd) {
-		given = st_hijack_devptr(p, real, &hij);
-		*pd = given;
+	int hijacked = 0;
+	uint64_t real = (r == 0 && devptr) ? *devptr : 0, given = real;
+	if (r == 0 && devptr) {
+		given = st_hijack_devptr(p, real, &hijacked);
+		*devptr = given;
 	}
 	st_ensure_active();
-	st_ev_ext(ST_EV_CU_MEM_HOST_GET_DEVPTR, (uint16_t)hij, (uint32_t)r, (uint64_t)(uintptr_t)p, given, 0, 0, real);
-	return r;
+	st_ev_ext(ST_EV_CU_MEM_HOST_GET_DEVPTR, (uint16_t)hijacked, (uint32_t)r, (uint64_t)(uintptr_t)p, given, 0, 0, real);
 }
 
-/* 32-bit CUdeviceptr ABI (CUDA < 3.2): a proxy pointer would not fit; recorded, not hijacked. */
-ST_EXPORT CUresult cuMemHostGetDevicePointer(unsigned *pd, void *p, unsigned flags)
+static void devptr32_given(unsigned *devptr, void *p, CUresult r)
 {
-	RESOLVE(real_gdp_v1, "cuMemHostGetDevicePointer");
-	if (!real_gdp_v1)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	p = st_hijack_cpu_real(p);
-	if (!on() || st_tls_depth)
-		return real_gdp_v1(pd, p, flags);
-	st_enter();
-	CUresult r = real_gdp_v1(pd, p, flags);
-	st_leave();
 	st_ensure_active();
-	st_ev_ext(ST_EV_CU_MEM_HOST_GET_DEVPTR, 0, (uint32_t)r, (uint64_t)(uintptr_t)p, (r == 0 && pd) ? *pd : 0, 0, 0,
-		  (r == 0 && pd) ? *pd : 0);
-	return r;
+	st_ev_ext(ST_EV_CU_MEM_HOST_GET_DEVPTR, 0, (uint32_t)r, (uint64_t)(uintptr_t)p, (r == 0 && devptr) ? *devptr : 0, 0,
+		  0, (r == 0 && devptr) ? *devptr : 0);
 }
 
-/* ---- pointer attributes: residency queries, kept consistent with the proxy ---- */
 static void fix_attr(int attr, void *data, CUdeviceptr asked)
 {
 	if (attr == ST_CU_POINTER_ATTRIBUTE_DEVICE_POINTER && data)
@@ -159,18 +93,8 @@ static void fix_attr(int attr, void *data, CUdeviceptr asked)
 		*(CUdeviceptr *)data = st_hijack_cpu_proxy_of_real(*(CUdeviceptr *)data);
 }
 
-ST_EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr)
+static void attribute_read(void *data, int attr, CUdeviceptr ptr, CUresult r)
 {
-	RESOLVE(real_pga, "cuPointerGetAttribute");
-	if (!real_pga)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	ptr = (CUdeviceptr)(uintptr_t)st_hijack_cpu_real((void *)(uintptr_t)ptr); /* UVA: a host pointer in a proxy */
-	if (!on() || st_tls_depth)
-		return real_pga(data, attr, ptr);
-	CUdeviceptr q = st_hijack_real_of_proxy(ptr); /* a proxy pointer answers as the doorbell it stands for */
-	st_enter();
-	CUresult r = real_pga(data, attr, q);
-	st_leave();
 	if (r == 0)
 		fix_attr(attr, data, ptr);
 	if (st_full()) {
@@ -180,21 +104,10 @@ ST_EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr)
 			memcpy(&v, data, attr == 1 || attr == 3 || attr == 4 || attr == 7 || attr == 11 || attr == 12 ? 8 : 4);
 		st_ev_ext(ST_EV_CU_POINTER_GET_ATTRIBUTE, (uint16_t)r, (uint32_t)attr, ptr, v, 0, 0, 0);
 	}
-	return r;
 }
 
-ST_EXPORT CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdeviceptr ptr)
+static void attributes_read(unsigned n, int *attrs, void **data, CUdeviceptr ptr, CUresult r)
 {
-	RESOLVE(real_pgas, "cuPointerGetAttributes");
-	if (!real_pgas)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	ptr = (CUdeviceptr)(uintptr_t)st_hijack_cpu_real((void *)(uintptr_t)ptr);
-	if (!on() || st_tls_depth)
-		return real_pgas(n, attrs, data, ptr);
-	CUdeviceptr q = st_hijack_real_of_proxy(ptr);
-	st_enter();
-	CUresult r = real_pgas(n, attrs, data, q);
-	st_leave();
 	if (r == 0 && attrs && data)
 		for (unsigned i = 0; i < n; i++)
 			fix_attr(attrs[i], data[i], ptr);
@@ -203,27 +116,21 @@ ST_EXPORT CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, C
 		for (unsigned i = 0; attrs && i < n; i++)
 			st_ev_ext(ST_EV_CU_POINTER_GET_ATTRIBUTE, (uint16_t)r, (uint32_t)attrs[i], ptr, 0, 0, 0, 0);
 	}
-	return r;
 }
 
-/* ---- cuGetExportTable ------------------------------------------------------------ */
-ST_EXPORT CUresult cuGetExportTable(const void **table, const void *uuid)
+static void export_table_got(const void *uuid, CUresult r)
 {
-	RESOLVE(real_get, "cuGetExportTable");
-	if (!real_get)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	CUresult r = real_get(table, uuid);
 	if (on() && !st_tls_depth) {
 		st_ensure_active();
 		uint64_t id = uuid ? st_side_add(ST_SIDE_BLOB, uuid, 16, NULL, 0, NULL, 0) : 0;
 		st_ev(ST_EV_CU_GET_EXPORT_TABLE, (uint16_t)r, 0, id);
 	}
-	return r;
 }
 
 /* ---- cuGetProcAddress ------------------------------------------------------------ */
-CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, uint64_t flags);
-CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, uint64_t flags, int *status);
+#define ST_CUDA_SHIM(name, params, args, translate, prepare, call_args, record) CUresult name params;
+#define ST_CUDA_PASS(name, params, args, record) CUresult name params;
+#include "cuda_shims.def"
 
 /* Claim a variant slot for the pointer the driver returned; our wrapper of
  * that variant then calls exactly that pointer.  A pointer that differs from
@@ -253,28 +160,28 @@ static void *wrap_for(const char *sym, void *real, int ver)
 	if (is(sym, "cuMemHostRegister") || is(sym, "cuMemHostRegister_v2")) {
 		void *v1 = st_cudrv_sym("cuMemHostRegister"), *v2 = st_cudrv_sym("cuMemHostRegister_v2");
 		int use_v2 = real == v2 ? 1 : real == v1 ? 0 : (ver >= 6050 || sym[17] == '_');
-		return use_v2 ? claim((void **)&real_reg_v2, real, (void *)cuMemHostRegister_v2)
-			      : claim((void **)&real_reg_v1, real, (void *)cuMemHostRegister);
+		return use_v2 ? claim((void **)&real_cuMemHostRegister_v2, real, (void *)cuMemHostRegister_v2)
+			      : claim((void **)&real_cuMemHostRegister, real, (void *)cuMemHostRegister);
 	}
 	if (is(sym, "cuMemHostGetDevicePointer") || is(sym, "cuMemHostGetDevicePointer_v2")) {
 		void *v1 = st_cudrv_sym("cuMemHostGetDevicePointer"), *v2 = st_cudrv_sym("cuMemHostGetDevicePointer_v2");
 		int use_v2 = real == v2 ? 1 : real == v1 ? 0 : (ver >= 3020 || sym[25] == '_');
-		return use_v2 ? claim((void **)&real_gdp_v2, real, (void *)cuMemHostGetDevicePointer_v2)
-			      : claim((void **)&real_gdp_v1, real, (void *)cuMemHostGetDevicePointer);
+		return use_v2 ? claim((void **)&real_cuMemHostGetDevicePointer_v2, real, (void *)cuMemHostGetDevicePointer_v2)
+			      : claim((void **)&real_cuMemHostGetDevicePointer, real, (void *)cuMemHostGetDevicePointer);
 	}
 	if (is(sym, "cuMemHostUnregister"))
-		return claim((void **)&real_unreg, real, (void *)cuMemHostUnregister);
+		return claim((void **)&real_cuMemHostUnregister, real, (void *)cuMemHostUnregister);
 	if (is(sym, "cuPointerGetAttribute"))
-		return claim((void **)&real_pga, real, (void *)cuPointerGetAttribute);
+		return claim((void **)&real_cuPointerGetAttribute, real, (void *)cuPointerGetAttribute);
 	if (is(sym, "cuPointerGetAttributes"))
-		return claim((void **)&real_pgas, real, (void *)cuPointerGetAttributes);
+		return claim((void **)&real_cuPointerGetAttributes, real, (void *)cuPointerGetAttributes);
 	if (is(sym, "cuGetExportTable"))
-		return claim((void **)&real_get, real, (void *)cuGetExportTable);
+		return claim((void **)&real_cuGetExportTable, real, (void *)cuGetExportTable);
 	if (is(sym, "cuGetProcAddress") || is(sym, "cuGetProcAddress_v2")) {
 		void *v1 = st_cudrv_sym("cuGetProcAddress"), *v2 = st_cudrv_sym("cuGetProcAddress_v2");
 		int use_v2 = real == v2 ? 1 : real == v1 ? 0 : (ver >= 12000 || sym[16] == '_');
-		return use_v2 ? claim((void **)&real_gpa_v2, real, (void *)cuGetProcAddress_v2)
-			      : claim((void **)&real_gpa_v1, real, (void *)cuGetProcAddress);
+		return use_v2 ? claim((void **)&real_cuGetProcAddress_v2, real, (void *)cuGetProcAddress_v2)
+			      : claim((void **)&real_cuGetProcAddress, real, (void *)cuGetProcAddress);
 	}
 	return NULL;
 }
@@ -294,41 +201,41 @@ static void after_gpa(const char *sym, void **pfn, int ver, uint64_t flags, CUre
 	}
 }
 
-ST_EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, uint64_t flags)
-{
-	RESOLVE(real_gpa_v1, "cuGetProcAddress");
-	if (!real_gpa_v1)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	CUresult r = real_gpa_v1(sym, pfn, ver, flags);
-	after_gpa(sym, pfn, ver, flags, r);
-	return r;
-}
-
-ST_EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, uint64_t flags, int *status)
-{
-	RESOLVE(real_gpa_v2, "cuGetProcAddress_v2");
-	if (!real_gpa_v2)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	CUresult r = real_gpa_v2(sym, pfn, ver, flags, status);
-	after_gpa(sym, pfn, ver, flags, r);
-	return r;
-}
+/* ---- the shims of cuda_shims.def ---------------------------------------------------- */
+#define ST_CUDA_SHIM(name, params, args, translate, prepare, call_args, record) \
+	ST_EXPORT CUresult name params                                          \
+	{                                                                       \
+		RESOLVE(real_##name, #name);                                    \
+		if (!real_##name)                                               \
+			return CUDA_ERROR_NOT_INITIALIZED;                      \
+		translate;                                                      \
+		if (!on() || st_tls_depth)                                      \
+			return real_##name args;                                \
+		prepare;                                                        \
+		st_enter();                                                     \
+		CUresult ret = real_##name call_args;                           \
+		st_leave();                                                     \
+		record;                                                         \
+		return ret;                                                     \
+	}
+#define ST_CUDA_PASS(name, params, args, record)               \
+	ST_EXPORT CUresult name params                         \
+	{                                                      \
+		RESOLVE(real_##name, #name);                   \
+		if (!real_##name)                              \
+			return CUDA_ERROR_NOT_INITIALIZED;     \
+		CUresult ret = real_##name args;               \
+		record;                                        \
+		return ret;                                    \
+	}
+#include "cuda_shims.def"
 
 /* ---- dlsym / dlvsym injection ------------------------------------------------------ */
 static const struct st_hook hooks[] = {
-	{"cuMemHostRegister", (void *)cuMemHostRegister, (void **)&real_reg_v1, ST_PROV_CUDA},
-	{"cuMemHostRegister_v2", (void *)cuMemHostRegister_v2, (void **)&real_reg_v2, ST_PROV_CUDA},
-	{"cuMemHostUnregister", (void *)cuMemHostUnregister, (void **)&real_unreg, ST_PROV_CUDA},
-	{"cuMemHostGetDevicePointer", (void *)cuMemHostGetDevicePointer, (void **)&real_gdp_v1, ST_PROV_CUDA},
-	{"cuMemHostGetDevicePointer_v2", (void *)cuMemHostGetDevicePointer_v2, (void **)&real_gdp_v2, ST_PROV_CUDA},
-	{"cuPointerGetAttribute", (void *)cuPointerGetAttribute, (void **)&real_pga, ST_PROV_CUDA},
-	{"cuPointerGetAttributes", (void *)cuPointerGetAttributes, (void **)&real_pgas, ST_PROV_CUDA},
-	{"cuGetProcAddress", (void *)cuGetProcAddress, (void **)&real_gpa_v1, ST_PROV_CUDA},
-	{"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, (void **)&real_gpa_v2, ST_PROV_CUDA},
-	{"cuGetExportTable", (void *)cuGetExportTable, (void **)&real_get, ST_PROV_CUDA},
+#define ST_CUDA_SHIM(name, params, args, translate, prepare, call_args, record) \
+	{#name, (void *)name, (void **)&real_##name, ST_PROV_CUDA},
+#define ST_CUDA_PASS(name, params, args, record) {#name, (void *)name, (void **)&real_##name, ST_PROV_CUDA},
+#include "cuda_shims.def"
 };
 
-__attribute__((constructor(150))) static void cuda_provider_init(void)
-{
-	st_hooks_register(hooks, sizeof hooks / sizeof hooks[0]);
-}
+ST_HOOKS_CONSTRUCTOR(150, hooks)

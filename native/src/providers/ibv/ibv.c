@@ -1,12 +1,17 @@
 /*
- * libibverbs provider (F5, F1): object lifecycle, QP topology, NIC identity.
+ * libibverbs provider (F5, F1): object lifecycle and QP topology.
  *
  * Exported functions of libibverbs are wrapped by symbol shims (same name,
  * exported from the preloaded tracer) and, for programs that dlopen the
  * library and look functions up by name (NCCL), by the dlsym injection of
- * interpose/ — every shim is in the hook table registered below.  The hot
- * calls (post_send, post_recv, poll_cq, ...) are inline dispatches through the
- * context ops and are wrapped in ibv_hot.c when a context is opened here.
+ * interpose/ — every shim is in the hook table registered below.  The shims
+ * of one shape (resolve, guard, call, record) are generated from the table
+ * ibv_shims.def (the shape: rdma_shim.h); the irregular ones are written
+ * out below the generated ones.
+ *
+ * The hot calls (post_send, post_recv, poll_cq, ...) are inline dispatches
+ * through the context ops and are wrapped in ibv_hot.c when a context is
+ * opened (ibv_context.c, which also records the NIC identity).
  *
  * Lifecycle events are recorded in every mode (they are few, and the
  * correlator needs them to name QPs and join the two ends of a connection),
@@ -16,13 +21,12 @@
  * functions reach the application unchanged.
  */
 #include <dlfcn.h>
-#include <endian.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "ibv_internal.h"
+#include "rdma_shim.h"
 
 /* verbs.h turns some names into macros; we define the exported functions. */
 #undef ibv_get_device_list
@@ -31,31 +35,16 @@
 #undef ibv_reg_mr_iova
 
 __thread int st_rdma_depth ST_TLS;
-struct st_ibv_ctx st_ibv_ctxs[ST_IBV_MAX_CTX];
-static pthread_mutex_t ibv_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t st_ibv_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* ---- real functions ------------------------------------------------------ */
-static struct ibv_device **(*real_get_device_list)(int *);
-static struct ibv_context *(*real_open_device)(struct ibv_device *);
 /* the doorbell hijack (hijack/hijack.h) and the mlx5 provider, when linked in */
 void st_hijack_cpu_release_ctx(void *ctx) __attribute__((weak)) ST_HIDDEN;
 void st_mlx5_verbs_qp_destroyed(uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
-static int (*real_close_device)(struct ibv_context *);
-static struct ibv_pd *(*real_alloc_pd)(struct ibv_context *);
-static int (*real_dealloc_pd)(struct ibv_pd *);
-static struct ibv_mr *(*real_reg_mr)(struct ibv_pd *, void *, size_t, int);
-static struct ibv_mr *(*real_reg_mr_iova)(struct ibv_pd *, void *, size_t, uint64_t, int);
-static struct ibv_mr *(*real_reg_mr_iova2)(struct ibv_pd *, void *, size_t, uint64_t, unsigned int);
-static struct ibv_mr *(*real_reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
-static int (*real_dereg_mr)(struct ibv_mr *);
-static struct ibv_cq *(*real_create_cq)(struct ibv_context *, int, void *, struct ibv_comp_channel *, int);
-static int (*real_destroy_cq)(struct ibv_cq *);
-static struct ibv_qp *(*real_create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
-static int (*real_modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
-static int (*real_destroy_qp)(struct ibv_qp *);
-static struct ibv_qp_ex *(*real_qp_to_qp_ex)(struct ibv_qp *);
-static struct ibv_srq *(*real_create_srq)(struct ibv_pd *, struct ibv_srq_init_attr *);
-static int (*real_get_cq_event)(struct ibv_comp_channel *, struct ibv_cq **, void **);
+
+/* ---- real functions: real_<name> for every row of ibv_shims.def ---------- */
+#define ST_SHIM(fail, provider, ret_type, name, params, args, skip, note, record) ST_RDMA_REAL(ret_type, name, params)
+#define ST_SHIM_BY_HAND(provider, ret_type, name, params) ST_RDMA_REAL(ret_type, name, params)
+#include "ibv_shims.def"
 
 /*
  * A libibverbs function we call but do not wrap (queries for the identity).
@@ -68,7 +57,7 @@ void *st_ibv_sym(const char *name)
 	void *p = st_resolve_next(name);
 	if (p)
 		return p;
-	void *known = real_open_device ? (void *)real_open_device : (void *)real_get_device_list;
+	void *known = real_ibv_open_device ? (void *)real_ibv_open_device : (void *)real_ibv_get_device_list;
 	Dl_info info;
 	if (!known || !dladdr(known, &info) || !info.dli_fname)
 		return NULL;
@@ -110,7 +99,7 @@ struct st_ibv_qp *st_ibv_qp_get(const struct ibv_context *c, uint32_t qpn)
 	struct st_ibv_qp *q = st_ibv_qp_find(c, qpn);
 	if (q)
 		return q;
-	pthread_mutex_lock(&ibv_lock);
+	pthread_mutex_lock(&st_ibv_lock);
 	unsigned h = qp_hash(c, qpn);
 	for (unsigned i = 0; i < 64; i++) {
 		struct st_ibv_qp *s = &qp_tab[(h + i) & (QP_SLOTS - 1)];
@@ -126,435 +115,11 @@ struct st_ibv_qp *st_ibv_qp_get(const struct ibv_context *c, uint32_t qpn)
 			break;
 		}
 	}
-	pthread_mutex_unlock(&ibv_lock);
+	pthread_mutex_unlock(&st_ibv_lock);
 	return q; /* NULL when the neighbourhood is full: the QP is traced without state */
 }
 
-/* ---- identity ------------------------------------------------------------ */
-static void gid_str(char out[40], const uint8_t g[16])
-{
-	snprintf(out, 40, "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x",
-		 g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11], g[12], g[13],
-		 g[14], g[15]);
-}
-
-static int gid_zero(const uint8_t g[16])
-{
-	for (int i = 0; i < 16; i++)
-		if (g[i])
-			return 0;
-	return 1;
-}
-
-static int query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a)
-{
-	memset(a, 0, sizeof(*a));
-	struct verbs_context *vctx = verbs_get_ctx_op(ctx, query_port);
-	if (vctx)
-		return vctx->query_port(ctx, port, a, sizeof(*a));
-	/* the exported symbol takes the older, shorter struct: same prefix */
-	static int (*qp_fn)(struct ibv_context *, uint8_t, struct ibv_port_attr *);
-	if (!qp_fn)
-		qp_fn = (int (*)(struct ibv_context *, uint8_t, struct ibv_port_attr *))st_ibv_sym("ibv_query_port");
-	return qp_fn ? qp_fn(ctx, port, a) : -1;
-}
-
-/* The NIC list of the process header: every device opened so far, in the
- * order of first open (the correlator takes the first as the default NIC). */
-#define NIC_JSON_CAP 12288
-static char nic_entries[ST_IBV_MAX_CTX][1536];
-static char nic_names[ST_IBV_MAX_CTX][ST_IBV_NAME_MAX];
-static unsigned n_nics;
-
-static void publish_nic(const char *name, const char *entry)
-{
-	static char all[NIC_JSON_CAP];
-	pthread_mutex_lock(&ibv_lock);
-	unsigned i;
-	for (i = 0; i < n_nics; i++)
-		if (!strcmp(nic_names[i], name))
-			break;
-	if (i == n_nics && n_nics < ST_IBV_MAX_CTX)
-		n_nics++;
-	if (i < n_nics) {
-		snprintf(nic_names[i], ST_IBV_NAME_MAX, "%s", name);
-		size_t el = strlen(entry);
-		if (el >= sizeof(nic_entries[i]))
-			el = 0; /* too long: an empty entry would be broken JSON, keep "{}" */
-		memcpy(nic_entries[i], el ? entry : "{}", el ? el + 1 : 3);
-	}
-	size_t len = 0;
-	all[len++] = '[';
-	for (unsigned k = 0; k < n_nics; k++) {
-		size_t el = strlen(nic_entries[k]);
-		if (len + el + 3 >= sizeof(all))
-			break;
-		if (k)
-			all[len++] = ',';
-		memcpy(all + len, nic_entries[k], el);
-		len += el;
-	}
-	all[len++] = ']';
-	all[len] = 0;
-	st_process_set_nics(all);
-	pthread_mutex_unlock(&ibv_lock);
-}
-
-/* Device name, node GUID, ports with LID and GIDs: into the process header
- * (contract 3 of ARCHITECTURE.md) and into the IBV_OPEN_DEVICE side JSON. */
-static void describe_context(struct st_ibv_ctx *c, struct ibv_context *ctx, struct st_json *j)
-{
-	static int (*query_device)(struct ibv_context *, struct ibv_device_attr *);
-	static int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
-	if (!query_device)
-		query_device = (int (*)(struct ibv_context *, struct ibv_device_attr *))st_ibv_sym("ibv_query_device");
-	if (!query_gid)
-		query_gid = (int (*)(struct ibv_context *, uint8_t, int, union ibv_gid *))st_ibv_sym("ibv_query_gid");
-
-	struct ibv_device_attr da;
-	memset(&da, 0, sizeof(da));
-	int have_da = query_device && query_device(ctx, &da) == 0;
-	c->node_guid = have_da ? be64toh(da.node_guid) : 0;
-	snprintf(c->name, sizeof(c->name), "%s", ctx->device ? ctx->device->name : "");
-
-	st_json_open(j, NULL, '{');
-	st_json_str(j, "name", c->name);
-	char guid[24];
-	snprintf(guid, sizeof(guid), "%016llx", (unsigned long long)c->node_guid);
-	st_json_str(j, "node_guid", guid);
-	if (have_da) {
-		snprintf(guid, sizeof(guid), "%016llx", (unsigned long long)be64toh(da.sys_image_guid));
-		st_json_str(j, "sys_image_guid", guid);
-		st_json_uint(j, "vendor_id", da.vendor_id);
-		st_json_uint(j, "vendor_part_id", da.vendor_part_id);
-		st_json_str(j, "fw_ver", da.fw_ver);
-	}
-	st_json_open(j, "ports", '[');
-	unsigned nports = have_da && da.phys_port_cnt ? da.phys_port_cnt : 1;
-	for (unsigned p = 1; p <= nports && p <= 8; p++) {
-		struct ibv_port_attr pa;
-		if (query_port(ctx, (uint8_t)p, &pa) != 0)
-			continue;
-		st_json_open(j, NULL, '{');
-		st_json_uint(j, "port", p);
-		st_json_uint(j, "lid", pa.lid);
-		st_json_uint(j, "state", pa.state);
-		st_json_uint(j, "active_mtu", pa.active_mtu);
-		st_json_str(j, "link_layer", pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand");
-		st_json_open(j, "gids", '[');
-		/* a RoCE table can have hundreds of entries: the first 16 cover
-		 * the ones in use (RoCEv1/v2 x IPv4/IPv6 per address) */
-		int tbl = pa.gid_tbl_len > 0 ? pa.gid_tbl_len : 1;
-		for (int gi = 0; gi < tbl && gi < 16 && query_gid; gi++) {
-			union ibv_gid g;
-			if (query_gid(ctx, (uint8_t)p, gi, &g) != 0 || gid_zero(g.raw))
-				continue;
-			char s[40];
-			gid_str(s, g.raw);
-			st_json_str(j, NULL, s);
-		}
-		st_json_close(j, ']');
-		st_json_close(j, '}');
-	}
-	st_json_close(j, ']');
-	st_json_close(j, '}');
-}
-
-void st_ibv_context_opened(struct ibv_context *ctx)
-{
-	if (!ctx || !st_provider_on(ST_PROV_IBV))
-		return;
-	int saved = errno;
-	pthread_mutex_lock(&ibv_lock);
-	struct st_ibv_ctx *c = NULL;
-	for (unsigned i = 0; i < ST_IBV_MAX_CTX; i++) {
-		struct ibv_context *k = st_ibv_ctxs[i].ctx;
-		if (k == ctx || !k) {
-			c = &st_ibv_ctxs[i];
-			break;
-		}
-	}
-	if (c && c->ctx == ctx && !c->closed) { /* already seen (mlx5dv_open_device -> ibv_open_device) */
-		pthread_mutex_unlock(&ibv_lock);
-		errno = saved;
-		return;
-	}
-	if (c) {
-		int is_new;
-		c->id = st_obj_id(ctx, &is_new);
-		c->closed = 0;
-		/* originals first, then the key, then the wrappers go in: a hot
-		 * wrapper always finds the entry of the context it runs for */
-		st_ibv_patch_ops(c, ctx);
-	}
-	pthread_mutex_unlock(&ibv_lock);
-	if (!c) {
-		st_warn("ibv: more than %d device contexts; context %p is not traced", ST_IBV_MAX_CTX, (void *)ctx);
-		errno = saved;
-		return;
-	}
-
-	char buf[2048];
-	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_rdma_depth++; /* the queries below are libibverbs calls too */
-	describe_context(c, ctx, &j);
-	st_rdma_depth--;
-	if (!j.overflow)
-		publish_nic(c->name, buf);
-	/* the event's JSON: the same object plus the context id */
-	char ev[2200];
-	int n = snprintf(ev, sizeof(ev), "{\"ctx\":%u,\"device\":%s}", c->id, j.overflow ? "null" : buf);
-	uint64_t side = (n > 0 && (size_t)n < sizeof(ev)) ? st_side_json(ev, (size_t)n) : 0;
-	st_ev(ST_EV_IBV_OPEN_DEVICE, 0, c->id, side);
-	errno = saved;
-}
-
-/* ---- device list / context ----------------------------------------------- */
-ST_EXPORT struct ibv_device **ibv_get_device_list(int *num)
-{
-	if (!ST_REAL(real_get_device_list, "ibv_get_device_list")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	return real_get_device_list(num);
-}
-
-ST_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev)
-{
-	if (!ST_REAL(real_open_device, "ibv_open_device")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_open_device(dev);
-	st_rdma_enter();
-	struct ibv_context *ctx = real_open_device(dev);
-	st_rdma_leave();
-	if (ctx)
-		st_ibv_context_opened(ctx);
-	return ctx;
-}
-
-ST_EXPORT int ibv_close_device(struct ibv_context *ctx)
-{
-	if (!ST_REAL(real_close_device, "ibv_close_device"))
-		return ENOSYS;
-	/* always, traced or not: the pollers of its verbs QPs' proxied BlueFlame
-	 * registers must stop before the real UAR pages go */
-	if (st_hijack_cpu_release_ctx)
-		st_hijack_cpu_release_ctx(ctx);
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_close_device(ctx);
-	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
-	uint32_t id = c ? c->id : st_obj_id(ctx, NULL);
-	st_rdma_enter();
-	int ret = real_close_device(ctx);
-	st_rdma_leave();
-	int saved = errno;
-	if (ret == 0 && c)
-		c->closed = 1; /* keep the entry: its function pointers stay valid */
-	st_ev(ST_EV_IBV_CLOSE_DEVICE, 0, id, (uint64_t)(int64_t)ret);
-	errno = saved;
-	return ret;
-}
-
-/* ---- PD / MR ------------------------------------------------------------- */
-ST_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
-{
-	if (!ST_REAL(real_alloc_pd, "ibv_alloc_pd")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_alloc_pd(ctx);
-	st_rdma_enter();
-	struct ibv_pd *pd = real_alloc_pd(ctx);
-	st_rdma_leave();
-	if (pd) {
-		int saved = errno, is_new;
-		st_ev(ST_EV_IBV_ALLOC_PD, 0, st_obj_id(pd, &is_new), st_obj_id(ctx, NULL));
-		errno = saved;
-	}
-	return pd;
-}
-
-ST_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
-{
-	if (!ST_REAL(real_dealloc_pd, "ibv_dealloc_pd"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_dealloc_pd(pd);
-	uint32_t id = st_obj_id(pd, NULL);
-	st_rdma_enter();
-	int ret = real_dealloc_pd(pd);
-	st_rdma_leave();
-	int saved = errno;
-	if (ret == 0)
-		st_ev(ST_EV_IBV_DEALLOC_PD, 0, id, 0);
-	errno = saved;
-	return ret;
-}
-
-static void mr_event(struct ibv_mr *mr, struct ibv_pd *pd, uint64_t addr, size_t len, unsigned access)
-{
-	if (!mr)
-		return;
-	int saved = errno;
-	st_ev_ext(ST_EV_IBV_REG_MR, 0, mr->lkey, addr, len, (uint16_t)access, mr->rkey, st_obj_id(pd, NULL));
-	errno = saved;
-}
-
-ST_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
-{
-	if (!ST_REAL(real_reg_mr, "ibv_reg_mr")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_reg_mr(pd, addr, len, access);
-	st_rdma_enter();
-	struct ibv_mr *mr = real_reg_mr(pd, addr, len, access);
-	st_rdma_leave();
-	mr_event(mr, pd, (uintptr_t)addr, len, (unsigned)access);
-	return mr;
-}
-
-ST_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access)
-{
-	if (!ST_REAL(real_reg_mr_iova, "ibv_reg_mr_iova")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_reg_mr_iova(pd, addr, len, iova, access);
-	st_rdma_enter();
-	struct ibv_mr *mr = real_reg_mr_iova(pd, addr, len, iova, access);
-	st_rdma_leave();
-	mr_event(mr, pd, (uintptr_t)addr, len, (unsigned)access);
-	return mr;
-}
-
-ST_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
-					  unsigned int access)
-{
-	if (!ST_REAL(real_reg_mr_iova2, "ibv_reg_mr_iova2")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_reg_mr_iova2(pd, addr, len, iova, access);
-	st_rdma_enter();
-	struct ibv_mr *mr = real_reg_mr_iova2(pd, addr, len, iova, access);
-	st_rdma_leave();
-	mr_event(mr, pd, (uintptr_t)addr, len, access);
-	return mr;
-}
-
-ST_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd,
-					   int access)
-{
-	if (!ST_REAL(real_reg_dmabuf_mr, "ibv_reg_dmabuf_mr")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
-	st_rdma_enter();
-	struct ibv_mr *mr = real_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
-	st_rdma_leave();
-	mr_event(mr, pd, iova, len, (unsigned)access); /* no process address: the iova */
-	return mr;
-}
-
-ST_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
-{
-	if (!ST_REAL(real_dereg_mr, "ibv_dereg_mr"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_IBV) || !mr)
-		return real_dereg_mr(mr);
-	uint32_t lkey = mr->lkey;
-	st_rdma_enter();
-	int ret = real_dereg_mr(mr);
-	st_rdma_leave();
-	int saved = errno;
-	if (ret == 0)
-		st_ev(ST_EV_IBV_DEREG_MR, 0, lkey, 0);
-	errno = saved;
-	return ret;
-}
-
-/* ---- CQ / SRQ -------------------------------------------------------------- */
-ST_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
-				       struct ibv_comp_channel *ch, int vector)
-{
-	if (!ST_REAL(real_create_cq, "ibv_create_cq")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_create_cq(ctx, cqe, cq_context, ch, vector);
-	st_rdma_enter();
-	struct ibv_cq *cq = real_create_cq(ctx, cqe, cq_context, ch, vector);
-	st_rdma_leave();
-	if (cq) {
-		int saved = errno, is_new;
-		st_ev(ST_EV_IBV_CREATE_CQ, 0, st_obj_id(cq, &is_new), (uint64_t)cq->cqe);
-		errno = saved;
-	}
-	return cq;
-}
-
-ST_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
-{
-	if (!ST_REAL(real_destroy_cq, "ibv_destroy_cq"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_destroy_cq(cq);
-	uint32_t id = st_obj_id(cq, NULL);
-	st_rdma_enter();
-	int ret = real_destroy_cq(cq);
-	st_rdma_leave();
-	int saved = errno;
-	if (ret == 0)
-		st_ev(ST_EV_IBV_DESTROY_CQ, 0, id, 0);
-	errno = saved;
-	return ret;
-}
-
-ST_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
-{
-	if (!ST_REAL(real_create_srq, "ibv_create_srq")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_create_srq(pd, attr);
-	st_rdma_enter();
-	struct ibv_srq *srq = real_create_srq(pd, attr);
-	st_rdma_leave();
-	if (srq) {
-		int saved = errno, is_new;
-		st_ev(ST_EV_IBV_CREATE_SRQ, 0, st_obj_id(srq, &is_new), attr ? attr->attr.max_wr : 0);
-		errno = saved;
-	}
-	return srq;
-}
-
-ST_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
-{
-	if (!ST_REAL(real_get_cq_event, "ibv_get_cq_event"))
-		return -1;
-	int ret = real_get_cq_event(ch, cq, cq_context);
-	if (ret == 0 && cq && st_provider_on(ST_PROV_IBV) && st_full()) {
-		int saved = errno;
-		st_ev(ST_EV_IBV_GET_CQ_EVENT, 0, st_obj_id(*cq, NULL), 0);
-		errno = saved;
-	}
-	return ret;
-}
-
-/* ---- QP ------------------------------------------------------------------ */
+/* ---- what the shims record (the `record` column of ibv_shims.def) --------- */
 void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *ax, const struct ibv_qp_init_attr *a)
 {
 	if (!qp)
@@ -576,8 +141,7 @@ void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *ax, 
 	const struct ibv_qp_cap *cap = ax ? &ax->cap : a ? &a->cap : NULL;
 	char buf[1024];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "qpn", qp->qp_num);
 	st_json_uint(&j, "qp_type", qp->qp_type);
 	st_json_uint(&j, "ctx", c ? c->id : st_obj_id(qp->context, NULL));
@@ -607,20 +171,13 @@ void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *ax, 
 	errno = saved;
 }
 
-ST_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+static void mr_event(struct ibv_mr *mr, struct ibv_pd *pd, uint64_t addr, size_t len, unsigned access)
 {
-	if (!ST_REAL(real_create_qp, "ibv_create_qp")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_create_qp(pd, attr);
-	st_rdma_enter();
-	struct ibv_qp *qp = real_create_qp(pd, attr);
-	st_rdma_leave();
-	/* the provider writes the granted caps back into attr */
-	st_ibv_qp_created(qp, NULL, attr);
-	return qp;
+	if (!mr)
+		return;
+	int saved = errno;
+	st_ev_ext(ST_EV_IBV_REG_MR, 0, mr->lkey, addr, len, (uint16_t)access, mr->rkey, st_obj_id(pd, NULL));
+	errno = saved;
 }
 
 static const char *const attr_names[] = {"state", "cur_state", "en_sqd_async_notify", "access_flags",
@@ -629,15 +186,10 @@ static const char *const attr_names[] = {"state", "cur_state", "en_sqd_async_not
 					 "min_rnr_timer", "sq_psn", "max_dest_rd_atomic", "path_mig_state",
 					 "cap", "dest_qpn"};
 
-ST_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+/* ibv_modify_qp's record: the peer of aggregate counters (dest QPN, peer
+ * node) into the QP entry, then the event with every attribute set. */
+static void qp_modified(int ret, struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
-	if (!ST_REAL(real_modify_qp, "ibv_modify_qp"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_IBV) || !qp || !attr)
-		return real_modify_qp(qp, attr, mask);
-	st_rdma_enter();
-	int ret = real_modify_qp(qp, attr, mask);
-	st_rdma_leave();
 	int saved = errno;
 
 	uint32_t dest = (mask & IBV_QP_DEST_QPN) ? attr->dest_qp_num : 0;
@@ -660,8 +212,7 @@ ST_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 
 	char buf[1024];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "qpn", qp->qp_num);
 	st_json_hex(&j, "attr_mask", (unsigned)mask);
 	st_json_open(&j, "attrs", '[');
@@ -682,7 +233,7 @@ ST_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 		st_json_bool(&j, "is_global", global);
 		if (global) {
 			char s[40];
-			gid_str(s, attr->ah_attr.grh.dgid.raw);
+			st_ibv_gid_str(s, attr->ah_attr.grh.dgid.raw);
 			st_json_str(&j, "dgid", s);
 			st_json_uint(&j, "sgid_index", attr->ah_attr.grh.sgid_index);
 			st_json_uint(&j, "hop_limit", attr->ah_attr.grh.hop_limit);
@@ -712,23 +263,73 @@ ST_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	uint16_t state = (mask & IBV_QP_STATE) ? (uint16_t)attr->qp_state : 0xffff;
 	st_ev_ext(ST_EV_IBV_MODIFY_QP, state, qp->qp_num, side, (uint64_t)(unsigned)mask, dlid, dest, 0);
 	errno = saved;
+}
+
+/* ---- the generated shims (rows ST_SHIM of ibv_shims.def) ------------------ */
+#define ST_SHIM ST_RDMA_SHIM
+#define ST_SHIM_BY_HAND(provider, ret_type, name, params)
+#include "ibv_shims.def"
+
+/* ---- the shims written out (rows ST_SHIM_BY_HAND) ------------------------- */
+ST_EXPORT struct ibv_device **ibv_get_device_list(int *num)
+{
+	if (!ST_REAL(real_ibv_get_device_list, "ibv_get_device_list")) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	return real_ibv_get_device_list(num);
+}
+
+ST_EXPORT int ibv_close_device(struct ibv_context *ctx)
+{
+	if (!ST_REAL(real_ibv_close_device, "ibv_close_device"))
+		return ENOSYS;
+	/* always, traced or not: the pollers of its verbs QPs' proxied BlueFlame
+	 * registers must stop before the real UAR pages go */
+	if (st_hijack_cpu_release_ctx)
+		st_hijack_cpu_release_ctx(ctx);
+	if (!st_rdma_should(ST_PROV_IBV))
+		return real_ibv_close_device(ctx);
+	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
+	uint32_t id = c ? c->id : st_obj_id(ctx, NULL);
+	st_rdma_enter();
+	int ret = real_ibv_close_device(ctx);
+	st_rdma_leave();
+	int saved = errno;
+	if (ret == 0 && c)
+		c->closed = 1; /* keep the entry: its function pointers stay valid */
+	st_ev(ST_EV_IBV_CLOSE_DEVICE, 0, id, (uint64_t)(int64_t)ret);
+	errno = saved;
+	return ret;
+}
+
+ST_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
+{
+	if (!ST_REAL(real_ibv_get_cq_event, "ibv_get_cq_event"))
+		return -1;
+	int ret = real_ibv_get_cq_event(ch, cq, cq_context);
+	if (ret == 0 && cq && st_provider_on(ST_PROV_IBV) && st_full()) {
+		int saved = errno;
+		st_ev(ST_EV_IBV_GET_CQ_EVENT, 0, st_obj_id(*cq, NULL), 0);
+		errno = saved;
+	}
 	return ret;
 }
 
 ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 {
-	if (!ST_REAL(real_destroy_qp, "ibv_destroy_qp"))
+	if (!ST_REAL(real_ibv_destroy_qp, "ibv_destroy_qp"))
 		return ENOSYS;
 	/* always, traced or not (the proxy was handed out by the mlx5 provider):
 	 * its SQ goes away, so the hijack forgets it first */
 	if (qp && st_mlx5_verbs_qp_destroyed)
 		st_mlx5_verbs_qp_destroyed(qp->qp_num);
 	if (!st_rdma_should(ST_PROV_IBV) || !qp)
-		return real_destroy_qp(qp);
+		return real_ibv_destroy_qp(qp);
 	uint32_t qpn = qp->qp_num;
 	const struct ibv_context *ctx = qp->context;
 	st_rdma_enter();
-	int ret = real_destroy_qp(qp);
+	int ret = real_ibv_destroy_qp(qp);
 	st_rdma_leave();
 	int saved = errno;
 	if (ret == 0) {
@@ -748,11 +349,11 @@ ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 
 ST_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 {
-	if (!ST_REAL(real_qp_to_qp_ex, "ibv_qp_to_qp_ex")) {
+	if (!ST_REAL(real_ibv_qp_to_qp_ex, "ibv_qp_to_qp_ex")) {
 		errno = ENOSYS;
 		return NULL;
 	}
-	struct ibv_qp_ex *qpx = real_qp_to_qp_ex(qp);
+	struct ibv_qp_ex *qpx = real_ibv_qp_to_qp_ex(qp);
 	if (qpx && st_provider_on(ST_PROV_IBV)) {
 		int saved = errno;
 		st_ibv_qp_ex_patch(qpx);
@@ -762,45 +363,31 @@ ST_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 }
 
 /* ---- verbs_context ops: ibv_create_qp_ex / ibv_create_cq_ex are inline ---- */
-static struct ibv_qp *wrap_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr)
-{
-	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
-	if (unlikely(!c || !c->create_qp_ex)) {
-		errno = EOPNOTSUPP;
-		return NULL;
+/* The shape of a shim, with the provider's function kept in the context
+ * entry instead of a real_<name> (the call never reaches a symbol). */
+#define VCTX_WRAPPER(ret_type, slot, attr_type, record)                         \
+	static ret_type *wrap_##slot(struct ibv_context *ctx, attr_type *attr)  \
+	{                                                                       \
+		struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);                    \
+		if (unlikely(!c || !c->slot)) {                                 \
+			errno = EOPNOTSUPP;                                     \
+			return NULL;                                            \
+		}                                                               \
+		if (!st_rdma_should(ST_PROV_IBV))                               \
+			return c->slot(ctx, attr);                              \
+		st_rdma_enter();                                                \
+		ret_type *ret = c->slot(ctx, attr);                             \
+		st_rdma_leave();                                                \
+		record;                                                         \
+		return ret;                                                     \
 	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return c->create_qp_ex(ctx, attr);
-	st_rdma_enter();
-	struct ibv_qp *qp = c->create_qp_ex(ctx, attr);
-	st_rdma_leave();
-	st_ibv_qp_created(qp, attr, NULL);
-	return qp;
-}
 
-static struct ibv_cq_ex *wrap_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *attr)
-{
-	struct st_ibv_ctx *c = st_ibv_ctx_find(ctx);
-	if (unlikely(!c || !c->create_cq_ex)) {
-		errno = EOPNOTSUPP;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return c->create_cq_ex(ctx, attr);
-	st_rdma_enter();
-	struct ibv_cq_ex *cq = c->create_cq_ex(ctx, attr);
-	st_rdma_leave();
-	if (cq) {
-		/* ibv_cq_ex_to_cq: the ibv_cq is the prefix of the ibv_cq_ex, so
-		 * the id matches the one poll_cq sees */
-		int saved = errno, is_new;
-		st_ev(ST_EV_IBV_CREATE_CQ, 0, st_obj_id((struct ibv_cq *)cq, &is_new), (uint64_t)cq->cqe);
-		errno = saved;
-	}
-	return cq;
-}
+VCTX_WRAPPER(struct ibv_qp, create_qp_ex, struct ibv_qp_init_attr_ex, st_ibv_qp_created(ret, attr, NULL))
+/* ibv_cq_ex_to_cq: the ibv_cq is the prefix of the ibv_cq_ex, so the id
+ * matches the one poll_cq sees */
+VCTX_WRAPPER(struct ibv_cq_ex, create_cq_ex, struct ibv_cq_init_attr_ex,
+	     ST_RDMA_CREATED((struct ibv_cq *)ret, ST_EV_IBV_CREATE_CQ, (uint64_t)ret->cqe))
 
-void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx) ST_HIDDEN;
 void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx)
 {
 	struct verbs_context *v = verbs_get_ctx_op(ctx, create_qp_ex);
@@ -817,27 +404,9 @@ void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx)
 
 /* ---- registration: symbol shims double as dlsym/dlvsym injection hooks ---- */
 static const struct st_hook ibv_hooks[] = {
-	{"ibv_get_device_list", (void *)ibv_get_device_list, (void **)&real_get_device_list, ST_PROV_IBV},
-	{"ibv_open_device", (void *)ibv_open_device, (void **)&real_open_device, ST_PROV_IBV},
-	{"ibv_close_device", (void *)ibv_close_device, (void **)&real_close_device, ST_PROV_IBV},
-	{"ibv_alloc_pd", (void *)ibv_alloc_pd, (void **)&real_alloc_pd, ST_PROV_IBV},
-	{"ibv_dealloc_pd", (void *)ibv_dealloc_pd, (void **)&real_dealloc_pd, ST_PROV_IBV},
-	{"ibv_reg_mr", (void *)ibv_reg_mr, (void **)&real_reg_mr, ST_PROV_IBV},
-	{"ibv_reg_mr_iova", (void *)ibv_reg_mr_iova, (void **)&real_reg_mr_iova, ST_PROV_IBV},
-	{"ibv_reg_mr_iova2", (void *)ibv_reg_mr_iova2, (void **)&real_reg_mr_iova2, ST_PROV_IBV},
-	{"ibv_reg_dmabuf_mr", (void *)ibv_reg_dmabuf_mr, (void **)&real_reg_dmabuf_mr, ST_PROV_IBV},
-	{"ibv_dereg_mr", (void *)ibv_dereg_mr, (void **)&real_dereg_mr, ST_PROV_IBV},
-	{"ibv_create_cq", (void *)ibv_create_cq, (void **)&real_create_cq, ST_PROV_IBV},
-	{"ibv_destroy_cq", (void *)ibv_destroy_cq, (void **)&real_destroy_cq, ST_PROV_IBV},
-	{"ibv_create_srq", (void *)ibv_create_srq, (void **)&real_create_srq, ST_PROV_IBV},
-	{"ibv_get_cq_event", (void *)ibv_get_cq_event, (void **)&real_get_cq_event, ST_PROV_IBV},
-	{"ibv_create_qp", (void *)ibv_create_qp, (void **)&real_create_qp, ST_PROV_IBV},
-	{"ibv_modify_qp", (void *)ibv_modify_qp, (void **)&real_modify_qp, ST_PROV_IBV},
-	{"ibv_destroy_qp", (void *)ibv_destroy_qp, (void **)&real_destroy_qp, ST_PROV_IBV},
-	{"ibv_qp_to_qp_ex", (void *)ibv_qp_to_qp_ex, (void **)&real_qp_to_qp_ex, ST_PROV_IBV},
+#define ST_SHIM(fail, provider, ret_type, name, params, args, skip, note, record) ST_RDMA_HOOK(provider, name)
+#define ST_SHIM_BY_HAND(provider, ret_type, name, params) ST_RDMA_HOOK(provider, name)
+#include "ibv_shims.def"
 };
 
-__attribute__((constructor(110))) static void ibv_provider_init(void)
-{
-	st_hooks_register(ibv_hooks, sizeof(ibv_hooks) / sizeof(ibv_hooks[0]));
-}
+ST_HOOKS_CONSTRUCTOR(110, ibv_hooks)

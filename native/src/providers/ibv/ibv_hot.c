@@ -9,7 +9,9 @@
  * context, so it is patched in place — one atomic pointer store per slot).
  * The extended post API (ibv_qp_to_qp_ex, then ibv_wr_start / ibv_wr_send /
  * ibv_wr_set_sge / ... / ibv_wr_complete) dispatches through function
- * pointers in each ibv_qp_ex; those are patched per QP the same way.
+ * pointers in each ibv_qp_ex; those are patched per QP the same way.  Which
+ * slots: ibv_hot_ops.def and ibv_qpx_ops.def (X-macro tables); the wrappers
+ * of one shape (the qp_ex setters) are generated from the latter.
  *
  * Modes (F3):
  *   aggregate  st_agg_add per work request / completion, keyed by
@@ -25,7 +27,9 @@
  * were not and are not recorded.
  *
  * No allocation, no lock: a context lookup (one compare for the first
- * context), a walk of the WR chain, and 24-byte records.
+ * context), a walk of the WR chain, and 24-byte records.  What is shared
+ * between wrappers is shared by macros that expand in place, so no wrapper
+ * makes a call or a pointer hop more than before.
  */
 #include <endian.h>
 #include <errno.h>
@@ -64,17 +68,25 @@ static inline void wr_remote(const struct ibv_send_wr *wr, uint64_t *raddr, uint
 	}
 }
 
+/* The start every post wrapper shares, expanded in place (no call, no
+ * pointer beyond the provider's): find the provider's function in the
+ * context entry; provider off: forward; on: stamp the application's call,
+ * make it, keep errno, and see where the accepted WRs stop (*bad, on
+ * failure). */
+#define POST_CALL(owner, slot, wr_type)                                                         \
+	struct st_ibv_ctx *c = st_ibv_ctx_find((owner)->context);                               \
+	if (unlikely(!c)) /* the context went away under us: nothing to call */                 \
+		return EINVAL;                                                                  \
+	if (!st_provider_on(ST_PROV_IBV))                                                       \
+		return c->slot(owner, wr, bad);                                                 \
+	uint64_t t0 = st_tsc();                                                                 \
+	int ret = c->slot(owner, wr, bad);                                                      \
+	int saved = errno;                                                                      \
+	const wr_type *stop = (ret && bad) ? *bad : NULL
+
 static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
-	struct st_ibv_ctx *c = st_ibv_ctx_find(qp->context);
-	if (unlikely(!c)) /* the context went away under us: nothing to call */
-		return EINVAL;
-	if (!st_provider_on(ST_PROV_IBV))
-		return c->post_send(qp, wr, bad);
-	uint64_t t0 = st_tsc();
-	int ret = c->post_send(qp, wr, bad);
-	int saved = errno;
-	const struct ibv_send_wr *stop = (ret && bad) ? *bad : NULL;
+	POST_CALL(qp, post_send, struct ibv_send_wr);
 	uint32_t qpn = qp->qp_num;
 	if (st_aggregate()) {
 		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));
@@ -108,15 +120,7 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 
 static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-	struct st_ibv_ctx *c = st_ibv_ctx_find(qp->context);
-	if (unlikely(!c))
-		return EINVAL;
-	if (!st_provider_on(ST_PROV_IBV))
-		return c->post_recv(qp, wr, bad);
-	uint64_t t0 = st_tsc();
-	int ret = c->post_recv(qp, wr, bad);
-	int saved = errno;
-	const struct ibv_recv_wr *stop = (ret && bad) ? *bad : NULL;
+	POST_CALL(qp, post_recv, struct ibv_recv_wr);
 	uint32_t qpn = qp->qp_num;
 	if (st_aggregate()) {
 		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));
@@ -145,15 +149,7 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 
 static int wrap_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-	struct st_ibv_ctx *c = st_ibv_ctx_find(srq->context);
-	if (unlikely(!c))
-		return EINVAL;
-	if (!st_provider_on(ST_PROV_IBV))
-		return c->post_srq_recv(srq, wr, bad);
-	uint64_t t0 = st_tsc();
-	int ret = c->post_srq_recv(srq, wr, bad);
-	int saved = errno;
-	const struct ibv_recv_wr *stop = (ret && bad) ? *bad : NULL;
+	POST_CALL(srq, post_srq_recv, struct ibv_recv_wr);
 	uint32_t id = st_obj_id(srq, NULL);
 	unsigned n = 0;
 	uint64_t total = 0;
@@ -231,36 +227,22 @@ static int wrap_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	return ret;
 }
 
-void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx) ST_HIDDEN;
-
 /* Called with the provider's lock held, once per opened context. */
 void st_ibv_patch_ops(struct st_ibv_ctx *c, struct ibv_context *ctx)
 {
-	struct ibv_context_ops *o = &ctx->ops;
+	struct ibv_context_ops *ops = &ctx->ops;
 	/* keep the provider's functions; never our own (a context seen twice) */
-	if (o->post_send != wrap_post_send)
-		c->post_send = o->post_send;
-	if (o->post_recv != wrap_post_recv)
-		c->post_recv = o->post_recv;
-	if (o->poll_cq != wrap_poll_cq)
-		c->poll_cq = o->poll_cq;
-	if (o->req_notify_cq != wrap_req_notify_cq)
-		c->req_notify_cq = o->req_notify_cq;
-	if (o->post_srq_recv != wrap_post_srq_recv)
-		c->post_srq_recv = o->post_srq_recv;
+#define ST_HOT_OP(slot)                   \
+	if (ops->slot != wrap_##slot)     \
+		c->slot = ops->slot;
+#include "ibv_hot_ops.def"
 	__atomic_store_n(&c->ctx, ctx, __ATOMIC_RELEASE);
 	/* a slot the provider left empty stays empty: the inline call would
 	 * have crashed without us, and must fail the same way with us */
-	if (c->post_send)
-		__atomic_store_n(&o->post_send, wrap_post_send, __ATOMIC_RELEASE);
-	if (c->post_recv)
-		__atomic_store_n(&o->post_recv, wrap_post_recv, __ATOMIC_RELEASE);
-	if (c->poll_cq)
-		__atomic_store_n(&o->poll_cq, wrap_poll_cq, __ATOMIC_RELEASE);
-	if (c->req_notify_cq)
-		__atomic_store_n(&o->req_notify_cq, wrap_req_notify_cq, __ATOMIC_RELEASE);
-	if (c->post_srq_recv)
-		__atomic_store_n(&o->post_srq_recv, wrap_post_srq_recv, __ATOMIC_RELEASE);
+#define ST_HOT_OP(slot)                                                  \
+	if (c->slot)                                                     \
+		__atomic_store_n(&ops->slot, wrap_##slot, __ATOMIC_RELEASE);
+#include "ibv_hot_ops.def"
 	st_ibv_patch_vctx(c, ctx);
 }
 
@@ -277,12 +259,6 @@ static inline struct st_ibv_qp *xqp(struct ibv_qp_ex *qpx)
 	struct st_ibv_qp *q = st_ibv_qp_find(qpx->qp_base.context, qpx->qp_base.qp_num);
 	return likely(q && __atomic_load_n(&q->qpx, __ATOMIC_ACQUIRE) == qpx) ? q : NULL;
 }
-
-/* The provider's function: from our QP entry, or, if the entry was lost (a
- * full table cannot happen after patching, but a destroyed-and-reused entry
- * can), from the patched table kept in the entry's ops.  Every wrapper first
- * finds its entry; xops is never freed. */
-#define XOPS(q) ((q)->xops)
 
 static void xwr_flush(struct st_ibv_qp *q, uint64_t tsc);
 
@@ -339,28 +315,48 @@ static inline void xwr_reset(struct st_ibv_qp *q)
 	q->xcur = -1;
 }
 
-/* An opcode setter that can no longer find its QP entry still has to reach
- * the provider.  That only happens when the QP was destroyed and its number
- * reused on a context whose qp_ex we have not patched yet — the old ibv_qp_ex
- * is then dead memory the application must not use; fail safe by doing
- * nothing (the provider would have crashed or posted garbage). */
-
-static void x_start(struct ibv_qp_ex *qpx)
+static inline uint32_t data_buf_bytes(const struct ibv_data_buf *list, size_t n)
 {
-	struct st_ibv_qp *q = xqp(qpx);
-	if (unlikely(!q))
-		return;
-	xwr_reset(q);
-	XOPS(q)->wr_start(qpx);
+	uint32_t b = 0;
+	for (size_t i = 0; i < n; i++)
+		b += (uint32_t)list[i].length;
+	return b;
 }
 
-static int x_complete(struct ibv_qp_ex *qpx)
+/* UD: the destination QPN, as in post_send, unless the opcode gave one */
+static inline void xwr_ud_dest(struct st_ibv_qp *q, uint32_t rqpn)
+{
+	if (q->xcur >= 0 && !q->xwr[q->xcur].raddr)
+		q->xwr[q->xcur].raddr = rqpn;
+}
+
+/* The wrappers of ibv_qpx_ops.def.  One that can no longer find its QP entry
+ * still has to reach the provider.  That only happens when the QP was
+ * destroyed and its number reused on a context whose qp_ex we have not
+ * patched yet — the old ibv_qp_ex is then dead memory the application must
+ * not use; fail safe by doing nothing (the provider would have crashed or
+ * posted garbage). */
+#define ST_QPX_OP(fn, params, args, note)          \
+	static void x_##fn params                  \
+	{                                          \
+		struct st_ibv_qp *q = xqp(qpx);    \
+		if (unlikely(!q))                  \
+			return;                    \
+		note;                              \
+		q->xops->fn args;                  \
+	}
+#define ST_QPX_BY_HAND(fn)
+#include "ibv_qpx_ops.def"
+
+/* wr_complete: the provider accepted or refused the whole batch; the WRs
+ * are recorded now, with the time the application called. */
+static int x_wr_complete(struct ibv_qp_ex *qpx)
 {
 	struct st_ibv_qp *q = xqp(qpx);
 	if (unlikely(!q))
 		return EINVAL;
 	uint64_t t0 = st_tsc();
-	int ret = XOPS(q)->wr_complete(qpx);
+	int ret = q->xops->wr_complete(qpx);
 	if (!st_provider_on(ST_PROV_IBV)) {
 		xwr_reset(q);
 		return ret;
@@ -387,129 +383,11 @@ static int x_complete(struct ibv_qp_ex *qpx)
 	return ret;
 }
 
-static void x_abort(struct ibv_qp_ex *qpx)
-{
-	struct st_ibv_qp *q = xqp(qpx);
-	if (unlikely(!q))
-		return;
-	xwr_reset(q);
-	XOPS(q)->wr_abort(qpx);
-}
-
-#define X_OP(fn, opc, raddr, rkey, call)                  \
-	do {                                              \
-		struct st_ibv_qp *q = xqp(qpx);           \
-		if (unlikely(!q))                         \
-			return;                           \
-		xwr_begin(q, qpx, opc, raddr, rkey);      \
-		XOPS(q)->fn call;                         \
-	} while (0)
-
-static void x_atomic_cmp_swp(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t ra, uint64_t cmp, uint64_t swap)
-{
-	X_OP(wr_atomic_cmp_swp, IBV_WR_ATOMIC_CMP_AND_SWP, ra, rkey, (qpx, rkey, ra, cmp, swap));
-}
-static void x_atomic_fetch_add(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t ra, uint64_t add)
-{
-	X_OP(wr_atomic_fetch_add, IBV_WR_ATOMIC_FETCH_AND_ADD, ra, rkey, (qpx, rkey, ra, add));
-}
-static void x_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *bi)
-{
-	X_OP(wr_bind_mw, IBV_WR_BIND_MW, bi ? bi->addr : 0, rkey, (qpx, mw, rkey, bi));
-}
-static void x_local_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
-{
-	X_OP(wr_local_inv, IBV_WR_LOCAL_INV, 0, rkey, (qpx, rkey));
-}
-static void x_rdma_read(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t ra)
-{
-	X_OP(wr_rdma_read, IBV_WR_RDMA_READ, ra, rkey, (qpx, rkey, ra));
-}
-static void x_rdma_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t ra)
-{
-	X_OP(wr_rdma_write, IBV_WR_RDMA_WRITE, ra, rkey, (qpx, rkey, ra));
-}
-static void x_rdma_write_imm(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t ra, __be32 imm)
-{
-	X_OP(wr_rdma_write_imm, IBV_WR_RDMA_WRITE_WITH_IMM, ra, rkey, (qpx, rkey, ra, imm));
-}
-static void x_send(struct ibv_qp_ex *qpx)
-{
-	X_OP(wr_send, IBV_WR_SEND, 0, 0, (qpx));
-}
-static void x_send_imm(struct ibv_qp_ex *qpx, __be32 imm)
-{
-	X_OP(wr_send_imm, IBV_WR_SEND_WITH_IMM, 0, 0, (qpx, imm));
-}
-static void x_send_inv(struct ibv_qp_ex *qpx, uint32_t rkey)
-{
-	X_OP(wr_send_inv, IBV_WR_SEND_WITH_INV, 0, rkey, (qpx, rkey));
-}
-static void x_send_tso(struct ibv_qp_ex *qpx, void *hdr, uint16_t hdr_sz, uint16_t mss)
-{
-	X_OP(wr_send_tso, IBV_WR_TSO, 0, 0, (qpx, hdr, hdr_sz, mss));
-}
-static void x_atomic_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t ra, const void *v)
-{
-	struct st_ibv_qp *q = xqp(qpx);
-	if (unlikely(!q))
-		return;
-	/* IBV_WR_ATOMIC_WRITE (15 in newer rdma-core): an 8-byte write */
-	xwr_begin(q, qpx, 15, ra, rkey);
-	xwr_data(q, 8, 0);
-	XOPS(q)->wr_atomic_write(qpx, rkey, ra, v);
-}
-
-static void x_set_ud_addr(struct ibv_qp_ex *qpx, struct ibv_ah *ah, uint32_t rqpn, uint32_t qkey)
-{
-	struct st_ibv_qp *q = xqp(qpx);
-	if (unlikely(!q))
-		return;
-	if (q->xcur >= 0 && !q->xwr[q->xcur].raddr)
-		q->xwr[q->xcur].raddr = rqpn; /* UD: the destination QPN, as in post_send */
-	XOPS(q)->wr_set_ud_addr(qpx, ah, rqpn, qkey);
-}
-static void x_set_inline_data(struct ibv_qp_ex *qpx, void *addr, size_t len)
-{
-	struct st_ibv_qp *q = xqp(qpx);
-	if (unlikely(!q))
-		return;
-	xwr_data(q, (uint32_t)len, 1);
-	XOPS(q)->wr_set_inline_data(qpx, addr, len);
-}
-static void x_set_inline_data_list(struct ibv_qp_ex *qpx, size_t n, const struct ibv_data_buf *bl)
-{
-	struct st_ibv_qp *q = xqp(qpx);
-	if (unlikely(!q))
-		return;
-	uint32_t b = 0;
-	for (size_t i = 0; i < n; i++)
-		b += (uint32_t)bl[i].length;
-	xwr_data(q, b, (uint16_t)n);
-	XOPS(q)->wr_set_inline_data_list(qpx, n, bl);
-}
-static void x_set_sge(struct ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint32_t len)
-{
-	struct st_ibv_qp *q = xqp(qpx);
-	if (unlikely(!q))
-		return;
-	xwr_data(q, len, 1);
-	XOPS(q)->wr_set_sge(qpx, lkey, addr, len);
-}
-static void x_set_sge_list(struct ibv_qp_ex *qpx, size_t n, const struct ibv_sge *sg)
-{
-	struct st_ibv_qp *q = xqp(qpx);
-	if (unlikely(!q))
-		return;
-	xwr_data(q, sge_bytes(sg, (int)n), (uint16_t)n);
-	XOPS(q)->wr_set_sge_list(qpx, n, sg);
-}
-
 /* Replace the qp_ex function pointers of one QP.  Not a hot path (once per
  * QP); may allocate.  Slots the provider left NULL stay NULL. */
 void st_ibv_qp_ex_patch(struct ibv_qp_ex *qpx)
 {
-	if (qpx->wr_start == x_start) /* already ours */
+	if (qpx->wr_start == x_wr_start) /* already ours */
 		return;
 	struct st_ibv_qp *q = st_ibv_qp_get(qpx->qp_base.context, qpx->qp_base.qp_num);
 	if (!q)
@@ -525,32 +403,16 @@ void st_ibv_qp_ex_patch(struct ibv_qp_ex *qpx)
 			return;
 		}
 	}
-	struct st_ibv_qp_ex_ops *o = q->xops;
+	struct st_ibv_qp_ex_ops *provider_ops = q->xops;
 	xwr_reset(q);
-#define SAVE(f)                                      \
-	do {                                         \
-		o->f = qpx->f;                       \
-	} while (0)
-	SAVE(wr_atomic_cmp_swp); SAVE(wr_atomic_fetch_add); SAVE(wr_bind_mw); SAVE(wr_local_inv);
-	SAVE(wr_rdma_read); SAVE(wr_rdma_write); SAVE(wr_rdma_write_imm); SAVE(wr_send); SAVE(wr_send_imm);
-	SAVE(wr_send_inv); SAVE(wr_send_tso); SAVE(wr_set_ud_addr); SAVE(wr_set_inline_data);
-	SAVE(wr_set_inline_data_list); SAVE(wr_set_sge); SAVE(wr_set_sge_list); SAVE(wr_start);
-	SAVE(wr_complete); SAVE(wr_abort); SAVE(wr_atomic_write);
-#undef SAVE
+#define ST_QPX_OP(fn, params, args, note) provider_ops->fn = qpx->fn;
+#define ST_QPX_BY_HAND(fn) provider_ops->fn = qpx->fn;
+#include "ibv_qpx_ops.def"
 	__atomic_store_n(&q->qpx, qpx, __ATOMIC_RELEASE);
-#define PATCH(f, w)                                                   \
-	do {                                                          \
-		if (o->f)                                             \
-			__atomic_store_n(&qpx->f, w, __ATOMIC_RELEASE); \
-	} while (0)
-	PATCH(wr_atomic_cmp_swp, x_atomic_cmp_swp); PATCH(wr_atomic_fetch_add, x_atomic_fetch_add);
-	PATCH(wr_bind_mw, x_bind_mw); PATCH(wr_local_inv, x_local_inv); PATCH(wr_rdma_read, x_rdma_read);
-	PATCH(wr_rdma_write, x_rdma_write); PATCH(wr_rdma_write_imm, x_rdma_write_imm); PATCH(wr_send, x_send);
-	PATCH(wr_send_imm, x_send_imm); PATCH(wr_send_inv, x_send_inv); PATCH(wr_send_tso, x_send_tso);
-	PATCH(wr_set_ud_addr, x_set_ud_addr); PATCH(wr_set_inline_data, x_set_inline_data);
-	PATCH(wr_set_inline_data_list, x_set_inline_data_list); PATCH(wr_set_sge, x_set_sge);
-	PATCH(wr_set_sge_list, x_set_sge_list); PATCH(wr_atomic_write, x_atomic_write);
-	PATCH(wr_complete, x_complete); PATCH(wr_abort, x_abort);
-	PATCH(wr_start, x_start); /* last: it marks the QP as patched */
-#undef PATCH
+	/* in the table's order: wr_start last, it marks the QP as patched */
+#define ST_QPX_OP(fn, params, args, note)                                               \
+	if (provider_ops->fn)                                                           \
+		__atomic_store_n(&qpx->fn, x_##fn, __ATOMIC_RELEASE);
+#define ST_QPX_BY_HAND(fn) ST_QPX_OP(fn, , , )
+#include "ibv_qpx_ops.def"
 }

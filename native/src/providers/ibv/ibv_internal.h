@@ -16,6 +16,8 @@
 #ifndef ST_PROV_IBV_INTERNAL_H
 #define ST_PROV_IBV_INTERNAL_H
 
+#include <pthread.h>
+
 #include <infiniband/verbs.h>
 
 #include "core/core.h"
@@ -41,18 +43,18 @@ struct st_ibv_ctx {
 	struct ibv_context *ctx; /* key; published last (release) */
 	uint32_t id;             /* st_obj_id of the context */
 	uint32_t closed;
-	int (*post_send)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
-	int (*post_recv)(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
-	int (*poll_cq)(struct ibv_cq *, int, struct ibv_wc *);
-	int (*req_notify_cq)(struct ibv_cq *, int);
-	int (*post_srq_recv)(struct ibv_srq *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+	/* the provider's hot ops, replaced in ctx->ops by our wrappers */
+#define ST_HOT_OP(slot) __typeof__(((struct ibv_context_ops *)0)->slot) slot;
+#include "ibv_hot_ops.def"
 	struct ibv_qp *(*create_qp_ex)(struct ibv_context *, struct ibv_qp_init_attr_ex *);
 	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *, struct ibv_cq_init_attr_ex *);
 	char name[ST_IBV_NAME_MAX];
 	uint64_t node_guid; /* host order */
 };
 
-extern struct st_ibv_ctx st_ibv_ctxs[ST_IBV_MAX_CTX] ST_HIDDEN;
+extern struct st_ibv_ctx st_ibv_ctxs[ST_IBV_MAX_CTX] ST_HIDDEN; /* ibv_context.c */
+/* Held while entries of either table are created, and for the NIC list. */
+extern pthread_mutex_t st_ibv_lock ST_HIDDEN;
 
 static inline struct st_ibv_ctx *st_ibv_ctx_find(const struct ibv_context *c)
 {
@@ -78,27 +80,12 @@ struct st_ibv_xwr {
 };
 #define ST_IBV_XWR_BATCH 32
 
+/* The provider's ibv_qp_ex functions of one QP, replaced in the ibv_qp_ex
+ * by our wrappers. */
 struct st_ibv_qp_ex_ops {
-	void (*wr_atomic_cmp_swp)(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t, uint64_t);
-	void (*wr_atomic_fetch_add)(struct ibv_qp_ex *, uint32_t, uint64_t, uint64_t);
-	void (*wr_bind_mw)(struct ibv_qp_ex *, struct ibv_mw *, uint32_t, const struct ibv_mw_bind_info *);
-	void (*wr_local_inv)(struct ibv_qp_ex *, uint32_t);
-	void (*wr_rdma_read)(struct ibv_qp_ex *, uint32_t, uint64_t);
-	void (*wr_rdma_write)(struct ibv_qp_ex *, uint32_t, uint64_t);
-	void (*wr_rdma_write_imm)(struct ibv_qp_ex *, uint32_t, uint64_t, __be32);
-	void (*wr_send)(struct ibv_qp_ex *);
-	void (*wr_send_imm)(struct ibv_qp_ex *, __be32);
-	void (*wr_send_inv)(struct ibv_qp_ex *, uint32_t);
-	void (*wr_send_tso)(struct ibv_qp_ex *, void *, uint16_t, uint16_t);
-	void (*wr_set_ud_addr)(struct ibv_qp_ex *, struct ibv_ah *, uint32_t, uint32_t);
-	void (*wr_set_inline_data)(struct ibv_qp_ex *, void *, size_t);
-	void (*wr_set_inline_data_list)(struct ibv_qp_ex *, size_t, const struct ibv_data_buf *);
-	void (*wr_set_sge)(struct ibv_qp_ex *, uint32_t, uint64_t, uint32_t);
-	void (*wr_set_sge_list)(struct ibv_qp_ex *, size_t, const struct ibv_sge *);
-	void (*wr_start)(struct ibv_qp_ex *);
-	int (*wr_complete)(struct ibv_qp_ex *);
-	void (*wr_abort)(struct ibv_qp_ex *);
-	void (*wr_atomic_write)(struct ibv_qp_ex *, uint32_t, uint64_t, const void *);
+#define ST_QPX_OP(fn, params, args, note) __typeof__(((struct ibv_qp_ex *)0)->fn) fn;
+#define ST_QPX_BY_HAND(fn) __typeof__(((struct ibv_qp_ex *)0)->fn) fn;
+#include "ibv_qpx_ops.def"
 };
 
 struct st_ibv_qp {
@@ -138,7 +125,11 @@ void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *attr
 void st_ibv_qp_ex_patch(struct ibv_qp_ex *qpx) ST_HIDDEN;
 /* Ops-table wrappers (ibv_hot.c). */
 void st_ibv_patch_ops(struct st_ibv_ctx *c, struct ibv_context *ctx) ST_HIDDEN;
+/* The verbs_context slots create_qp_ex / create_cq_ex (ibv.c). */
+void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx) ST_HIDDEN;
 /* A libibverbs function the wrappers need but do not wrap. */
 void *st_ibv_sym(const char *name) ST_HIDDEN;
+/* A GID as the correlator reads it: eight groups of four hex digits. */
+void st_ibv_gid_str(char out[40], const uint8_t g[16]) ST_HIDDEN;
 
 #endif /* ST_PROV_IBV_INTERNAL_H */

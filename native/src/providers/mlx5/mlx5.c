@@ -12,6 +12,10 @@
  *
  * All of this is setup: rare calls, so the wrappers may take a mutex and
  * allocate.  Lifecycle events are recorded in every mode.
+ *
+ * The shims of one shape are generated from the table mlx5_shims.def (the
+ * shape: ../ibv/rdma_shim.h); free_uar and obj_destroy, which act before the
+ * call, are written out below the generated ones.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -22,7 +26,7 @@
 
 #include <infiniband/mlx5dv.h>
 
-#include "../ibv/ibv_internal.h"
+#include "../ibv/rdma_shim.h"
 #include "sigmatrace/mlx5.h"
 
 /* ---- the doorbell hijack (hijack/hijack.h); absent -> NULL --------------- */
@@ -44,24 +48,10 @@ void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_u
 #define ST_VERBS_SQ_UMEM(qpn) (0xC0000000u | ((qpn) & 0x00FFFFFFu))
 #define ST_VERBS_DBR_UMEM(qpn) (0xD0000000u | ((qpn) & 0x00FFFFFFu))
 
-/* ---- real functions ------------------------------------------------------ */
-static struct ibv_context *(*real_mlx5dv_open_device)(struct ibv_device *, struct mlx5dv_context_attr *);
-static struct ibv_qp *(*real_mlx5dv_create_qp)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
-					       struct mlx5dv_qp_init_attr *);
-static int (*real_mlx5dv_init_obj)(struct mlx5dv_obj *, uint64_t);
-static struct mlx5dv_devx_uar *(*real_alloc_uar)(struct ibv_context *, uint32_t);
-static void (*real_free_uar)(struct mlx5dv_devx_uar *);
-static struct mlx5dv_devx_umem *(*real_umem_reg)(struct ibv_context *, void *, size_t, uint32_t);
-static struct mlx5dv_devx_umem *(*real_umem_reg_ex)(struct ibv_context *, struct mlx5dv_devx_umem_in *);
-static int (*real_umem_dereg)(struct mlx5dv_devx_umem *);
-static struct mlx5dv_devx_obj *(*real_obj_create)(struct ibv_context *, const void *, size_t, void *, size_t);
-static int (*real_obj_modify)(struct mlx5dv_devx_obj *, const void *, size_t, void *, size_t);
-static int (*real_obj_query)(struct mlx5dv_devx_obj *, const void *, size_t, void *, size_t);
-static int (*real_obj_destroy)(struct mlx5dv_devx_obj *);
-static int (*real_general_cmd)(struct ibv_context *, const void *, size_t, void *, size_t);
-static int (*real_query_eqn)(struct ibv_context *, uint32_t, uint32_t *);
-static int (*real_qp_modify)(struct ibv_qp *, const void *, size_t, void *, size_t);
-static int (*real_qp_query)(struct ibv_qp *, const void *, size_t, void *, size_t);
+/* ---- real functions: real_<name> for every row of mlx5_shims.def --------- */
+#define ST_SHIM(fail, provider, ret_type, name, params, args, skip, note, record) ST_RDMA_REAL(ret_type, name, params)
+#define ST_SHIM_BY_HAND(provider, ret_type, name, params) ST_RDMA_REAL(ret_type, name, params)
+#include "mlx5_shims.def"
 
 static pthread_mutex_t mlx5_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -74,16 +64,22 @@ struct devx_obj_info {
 #define DEVX_SLOTS 4096
 static struct devx_obj_info devx_objs[DEVX_SLOTS];
 
-static void devx_remember(const void *h, uint16_t op, uint32_t number)
+/* Where a handle's probe chain starts. */
+static inline unsigned devx_home(const void *handle)
+{
+	return (unsigned)(((uintptr_t)handle >> 4) * 2654435761u) & (DEVX_SLOTS - 1);
+}
+
+static void devx_remember(const void *handle, uint16_t op, uint32_t number)
 {
 	pthread_mutex_lock(&mlx5_lock);
-	unsigned s = (unsigned)(((uintptr_t)h >> 4) * 2654435761u) & (DEVX_SLOTS - 1);
+	unsigned home = devx_home(handle);
 	for (unsigned i = 0; i < DEVX_SLOTS; i++) {
-		struct devx_obj_info *o = &devx_objs[(s + i) & (DEVX_SLOTS - 1)];
-		if (!o->handle || o->handle == h) {
-			o->handle = h;
-			o->opcode = op;
-			o->number = number;
+		struct devx_obj_info *slot = &devx_objs[(home + i) & (DEVX_SLOTS - 1)];
+		if (!slot->handle || slot->handle == handle) {
+			slot->handle = handle;
+			slot->opcode = op;
+			slot->number = number;
 			break;
 		}
 	}
@@ -91,28 +87,27 @@ static void devx_remember(const void *h, uint16_t op, uint32_t number)
 }
 
 /* Look up (and with forget, remove) a handle; 0 when unknown. */
-static int devx_lookup(const void *h, uint16_t *op, uint32_t *number, int forget)
+static int devx_lookup(const void *handle, uint16_t *op, uint32_t *number, int forget)
 {
 	int found = 0;
 	pthread_mutex_lock(&mlx5_lock);
-	unsigned s = (unsigned)(((uintptr_t)h >> 4) * 2654435761u) & (DEVX_SLOTS - 1);
+	unsigned home = devx_home(handle);
 	for (unsigned i = 0; i < DEVX_SLOTS; i++) {
-		unsigned k = (s + i) & (DEVX_SLOTS - 1);
-		struct devx_obj_info *o = &devx_objs[k];
-		if (!o->handle)
+		unsigned k = (home + i) & (DEVX_SLOTS - 1);
+		struct devx_obj_info *slot = &devx_objs[k];
+		if (!slot->handle)
 			break;
-		if (o->handle == h) {
-			*op = o->opcode;
-			*number = o->number;
+		if (slot->handle == handle) {
+			*op = slot->opcode;
+			*number = slot->number;
 			found = 1;
 			if (forget) {
 				/* backward-shift deletion keeps probe chains intact */
 				unsigned hole = k;
 				for (unsigned j = (k + 1) & (DEVX_SLOTS - 1); devx_objs[j].handle;
 				     j = (j + 1) & (DEVX_SLOTS - 1)) {
-					unsigned home = (unsigned)(((uintptr_t)devx_objs[j].handle >> 4) * 2654435761u) &
-							(DEVX_SLOTS - 1);
-					if (((j - home) & (DEVX_SLOTS - 1)) >= ((j - hole) & (DEVX_SLOTS - 1))) {
+					unsigned wanted = devx_home(devx_objs[j].handle);
+					if (((j - wanted) & (DEVX_SLOTS - 1)) >= ((j - hole) & (DEVX_SLOTS - 1))) {
 						devx_objs[hole] = devx_objs[j];
 						hole = j;
 					}
@@ -206,39 +201,6 @@ static int addr_on_gpu(const void *addr)
 	return gpu;
 }
 
-/* ---- contexts and verbs QPs created through mlx5dv ------------------------ */
-ST_EXPORT struct ibv_context *mlx5dv_open_device(struct ibv_device *dev, struct mlx5dv_context_attr *attr)
-{
-	if (!ST_REAL(real_mlx5dv_open_device, "mlx5dv_open_device")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_mlx5dv_open_device(dev, attr);
-	st_rdma_enter();
-	struct ibv_context *ctx = real_mlx5dv_open_device(dev, attr);
-	st_rdma_leave();
-	if (ctx)
-		st_ibv_context_opened(ctx); /* the hot ops of a DevX context are verbs too */
-	return ctx;
-}
-
-ST_EXPORT struct ibv_qp *mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr,
-					  struct mlx5dv_qp_init_attr *mattr)
-{
-	if (!ST_REAL(real_mlx5dv_create_qp, "mlx5dv_create_qp")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_IBV))
-		return real_mlx5dv_create_qp(ctx, attr, mattr);
-	st_rdma_enter();
-	struct ibv_qp *qp = real_mlx5dv_create_qp(ctx, attr, mattr);
-	st_rdma_leave();
-	st_ibv_qp_created(qp, attr, NULL);
-	return qp;
-}
-
 /* F24d for verbs QPs: a CPU WQE writer (UCX rc_mlx5) rings dv->bf.reg itself.
  * Hand it a register in a proxy page of ours instead (same offset), watched by
  * the hijack's poller, which forwards each value to the real register, records
@@ -271,172 +233,86 @@ void st_mlx5_verbs_qp_destroyed(uint32_t qpn)
 		st_hijack_forget_verbs_qp(qpn, ST_VERBS_SQ_UMEM(qpn), ST_VERBS_DBR_UMEM(qpn));
 }
 
+/* ---- what the shims record (the `record` column of mlx5_shims.def) -------- */
 /* MLX5_DV_INIT_QP: where a verbs QP's send queue, doorbell record and
  * BlueFlame register are — what a CPU WQE writer (UCX rc_mlx5) uses from then
  * on instead of ibv_post_send (F24d). */
-ST_EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
+static void qp_introspected(int ret, struct mlx5dv_obj *obj, uint64_t type)
 {
-	if (!ST_REAL(real_mlx5dv_init_obj, "mlx5dv_init_obj"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_mlx5dv_init_obj(obj, type);
-	st_rdma_enter();
-	int ret = real_mlx5dv_init_obj(obj, type);
-	st_rdma_leave();
 	if (ret != 0 || !obj || !(type & MLX5DV_OBJ_QP) || !obj->qp.in || !obj->qp.out)
-		return ret;
+		return;
 	int saved = errno;
 	const struct ibv_qp *qp = obj->qp.in;
-	const struct mlx5dv_qp *dq = obj->qp.out;
+	const struct mlx5dv_qp *dv_qp = obj->qp.out;
 	char buf[768];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "qpn", qp->qp_num);
-	st_json_hex(&j, "sq_buf", (uintptr_t)dq->sq.buf);
-	st_json_uint(&j, "sq_wqe_cnt", dq->sq.wqe_cnt);
-	st_json_uint(&j, "sq_stride", dq->sq.stride);
-	st_json_hex(&j, "rq_buf", (uintptr_t)dq->rq.buf);
-	st_json_uint(&j, "rq_wqe_cnt", dq->rq.wqe_cnt);
-	st_json_uint(&j, "rq_stride", dq->rq.stride);
-	st_json_hex(&j, "dbrec", (uintptr_t)dq->dbrec);
-	st_json_hex(&j, "bf_reg", (uintptr_t)dq->bf.reg);
-	st_json_uint(&j, "bf_size", dq->bf.size);
-	st_json_hex(&j, "comp_mask", dq->comp_mask);
+	st_json_hex(&j, "sq_buf", (uintptr_t)dv_qp->sq.buf);
+	st_json_uint(&j, "sq_wqe_cnt", dv_qp->sq.wqe_cnt);
+	st_json_uint(&j, "sq_stride", dv_qp->sq.stride);
+	st_json_hex(&j, "rq_buf", (uintptr_t)dv_qp->rq.buf);
+	st_json_uint(&j, "rq_wqe_cnt", dv_qp->rq.wqe_cnt);
+	st_json_uint(&j, "rq_stride", dv_qp->rq.stride);
+	st_json_hex(&j, "dbrec", (uintptr_t)dv_qp->dbrec);
+	st_json_hex(&j, "bf_reg", (uintptr_t)dv_qp->bf.reg);
+	st_json_uint(&j, "bf_size", dv_qp->bf.size);
+	st_json_hex(&j, "comp_mask", dv_qp->comp_mask);
 	void *proxy = verbs_qp_doorbells(qp, obj->qp.out);
 	if (proxy)
 		st_json_hex(&j, "bf_proxy", (uintptr_t)proxy);
 	st_json_close(&j, '}');
 	st_ev(ST_EV_MLX5_DV_INIT_QP, 0, qp->qp_num, j.overflow ? 0 : st_side_json(buf, j.len));
 	errno = saved;
-	return ret;
 }
 
-/* ---- UAR ----------------------------------------------------------------- */
-ST_EXPORT struct mlx5dv_devx_uar *mlx5dv_devx_alloc_uar(struct ibv_context *ctx, uint32_t flags)
+/* A UAR page: its event, the hijack told, and the application handed a
+ * proxy register when the hijack proxies CPU doorbells. */
+static void uar_allocated(struct mlx5dv_devx_uar *uar, struct ibv_context *ctx, uint32_t flags)
 {
-	if (!ST_REAL(real_alloc_uar, "mlx5dv_devx_alloc_uar")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_alloc_uar(ctx, flags);
-	st_rdma_enter();
-	struct mlx5dv_devx_uar *u = real_alloc_uar(ctx, flags);
-	st_rdma_leave();
-	if (u) {
-		int saved = errno;
-		st_ev_ext(ST_EV_MLX5_DEVX_ALLOC_UAR, (uint16_t)flags, u->page_id, (uintptr_t)u->reg_addr,
-			  (uintptr_t)u->base_addr, 0, flags, (uint64_t)u->mmap_off);
-		if (st_hijack_note_uar)
-			st_hijack_note_uar(u->reg_addr, u->base_addr, u->page_id, ctx);
-		/* CPU doorbells (F24d): the application rings a proxy register of
-		 * ours, same offset in the page; base_addr and page_id stay real */
-		if (st_hijack_cpu_uar) {
-			void *proxy = st_hijack_cpu_uar(u->reg_addr, u->base_addr, u->page_id, ctx, flags);
-			if (proxy)
-				u->reg_addr = proxy;
-		}
-		errno = saved;
-	}
-	return u;
-}
-
-ST_EXPORT void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *u)
-{
-	if (!ST_REAL(real_free_uar, "mlx5dv_devx_free_uar"))
-		return;
-	if (!st_rdma_should(ST_PROV_MLX5) || !u) {
-		real_free_uar(u);
-		return;
-	}
-	uint32_t page = u->page_id;
-	/* a proxied UAR: its poller forwards what it holds and stops, and the
-	 * library gets the struct back as it made it */
-	if (st_hijack_cpu_uar_release) {
-		int saved = errno;
-		void *real = st_hijack_cpu_uar_release(u->reg_addr);
-		if (real)
-			u->reg_addr = real;
-		errno = saved;
-	}
-	void *reg = u->reg_addr;
-	/* the hijack lets go of the page before it disappears */
-	if (st_hijack_forget_uar)
-		st_hijack_forget_uar(reg);
-	st_rdma_enter();
-	real_free_uar(u);
-	st_rdma_leave();
 	int saved = errno;
-	st_ev(ST_EV_MLX5_DEVX_FREE_UAR, 0, page, (uintptr_t)reg);
+	st_ev_ext(ST_EV_MLX5_DEVX_ALLOC_UAR, (uint16_t)flags, uar->page_id, (uintptr_t)uar->reg_addr,
+		  (uintptr_t)uar->base_addr, 0, flags, (uint64_t)uar->mmap_off);
+	if (st_hijack_note_uar)
+		st_hijack_note_uar(uar->reg_addr, uar->base_addr, uar->page_id, ctx);
+	/* CPU doorbells (F24d): the application rings a proxy register of
+	 * ours, same offset in the page; base_addr and page_id stay real */
+	if (st_hijack_cpu_uar) {
+		void *proxy = st_hijack_cpu_uar(uar->reg_addr, uar->base_addr, uar->page_id, ctx, flags);
+		if (proxy)
+			uar->reg_addr = proxy;
+	}
 	errno = saved;
 }
 
-/* ---- UMEM ---------------------------------------------------------------- */
-static void umem_event(struct mlx5dv_devx_umem *m, void *addr, size_t size, uint32_t access, unsigned flags)
+static void umem_event(struct mlx5dv_devx_umem *umem, void *addr, size_t size, uint32_t access, unsigned flags)
 {
 	int saved = errno;
-	st_ev_ext(ST_EV_MLX5_DEVX_UMEM_REG, (uint16_t)flags, m->umem_id, (uintptr_t)addr, size, 0, access, 0);
+	st_ev_ext(ST_EV_MLX5_DEVX_UMEM_REG, (uint16_t)flags, umem->umem_id, (uintptr_t)addr, size, 0, access, 0);
 	if (st_hijack_note_umem && !(flags & ST_UMEM_F_DMABUF))
-		st_hijack_note_umem(m->umem_id, addr, size, !!(flags & ST_UMEM_F_GPU));
+		st_hijack_note_umem(umem->umem_id, addr, size, !!(flags & ST_UMEM_F_GPU));
 	errno = saved;
 }
 
-ST_EXPORT struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg(struct ibv_context *ctx, void *addr, size_t size,
-							 uint32_t access)
+/* GPU residency of a umem; errno kept (asking is a CUDA driver call). */
+static unsigned umem_residency(const void *addr)
 {
-	if (!ST_REAL(real_umem_reg, "mlx5dv_devx_umem_reg")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_umem_reg(ctx, addr, size, access);
-	st_rdma_enter();
-	struct mlx5dv_devx_umem *m = real_umem_reg(ctx, addr, size, access);
-	st_rdma_leave();
-	if (m) {
-		int saved = errno;
-		unsigned flags = addr_on_gpu(addr) ? ST_UMEM_F_GPU : 0;
-		errno = saved;
-		umem_event(m, addr, size, access, flags);
-	}
-	return m;
+	int saved = errno;
+	unsigned flags = addr_on_gpu(addr) ? ST_UMEM_F_GPU : 0;
+	errno = saved;
+	return flags;
 }
 
-ST_EXPORT struct mlx5dv_devx_umem *mlx5dv_devx_umem_reg_ex(struct ibv_context *ctx, struct mlx5dv_devx_umem_in *in)
+static unsigned umem_ex_flags(const struct mlx5dv_devx_umem_in *in)
 {
-	if (!ST_REAL(real_umem_reg_ex, "mlx5dv_devx_umem_reg_ex")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_MLX5) || !in)
-		return real_umem_reg_ex(ctx, in);
-	st_rdma_enter();
-	struct mlx5dv_devx_umem *m = real_umem_reg_ex(ctx, in);
-	st_rdma_leave();
-	if (m) {
-		int saved = errno;
-		/* with a dma-buf, addr is the offset in the buffer (ref §4.1); the
-		 * exporter (cuMemGetHandleForAddressRange in NVSHMEM) is a GPU */
-		unsigned flags = (in->comp_mask & MLX5DV_UMEM_MASK_DMABUF) ? ST_UMEM_F_DMABUF | ST_UMEM_F_GPU
-			       : addr_on_gpu(in->addr)                    ? ST_UMEM_F_GPU
-										    : 0;
-		errno = saved;
-		umem_event(m, in->addr, in->size, in->access, flags);
-	}
-	return m;
+	/* with a dma-buf, addr is the offset in the buffer (ref §4.1); the
+	 * exporter (cuMemGetHandleForAddressRange in NVSHMEM) is a GPU */
+	return (in->comp_mask & MLX5DV_UMEM_MASK_DMABUF) ? ST_UMEM_F_DMABUF | ST_UMEM_F_GPU : umem_residency(in->addr);
 }
 
-ST_EXPORT int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *m)
+/* The hijack forgets the umem before its id can be reused. */
+static void umem_deregistered(int ret, uint32_t id)
 {
-	if (!ST_REAL(real_umem_dereg, "mlx5dv_devx_umem_dereg"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5) || !m)
-		return real_umem_dereg(m);
-	uint32_t id = m->umem_id;
-	st_rdma_enter();
-	int ret = real_umem_dereg(m);
-	st_rdma_leave();
 	int saved = errno;
 	if (ret == 0) {
 		if (st_hijack_forget_umem)
@@ -444,35 +320,25 @@ ST_EXPORT int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *m)
 		st_ev(ST_EV_MLX5_DEVX_UMEM_DEREG, 0, id, 0);
 	}
 	errno = saved;
-	return ret;
 }
 
-/* ---- DevX commands ------------------------------------------------------- */
-ST_EXPORT struct mlx5dv_devx_obj *mlx5dv_devx_obj_create(struct ibv_context *ctx, const void *in, size_t inlen,
-							  void *out, size_t outlen)
+/* DEVX_OBJ_CREATE with the raw command; the object remembered by its
+ * handle, so modify/query/destroy events name it by its number. */
+static void devx_obj_created(struct mlx5dv_devx_obj *obj, const void *in, size_t inlen, const void *out,
+			     size_t outlen)
 {
-	if (!ST_REAL(real_obj_create, "mlx5dv_devx_obj_create")) {
-		errno = ENOSYS;
-		return NULL;
-	}
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_obj_create(ctx, in, inlen, out, outlen);
-	st_rdma_enter();
-	struct mlx5dv_devx_obj *o = real_obj_create(ctx, in, inlen, out, outlen);
-	st_rdma_leave();
 	int saved = errno;
 	uint16_t op = prm_opcode(in, inlen);
-	uint32_t number = o ? created_number(op, out, outlen) : 0;
+	uint32_t number = obj ? created_number(op, out, outlen) : 0;
 	uint32_t status = outlen >= 1 ? ((const uint8_t *)out)[0] : 0;
 	uint64_t side = prm_side(in, inlen, out, outlen);
-	st_ev_ext(ST_EV_MLX5_DEVX_OBJ_CREATE, op, number, side, (uintptr_t)o, 0, status, 0);
-	if (o) {
-		devx_remember(o, op, number);
+	st_ev_ext(ST_EV_MLX5_DEVX_OBJ_CREATE, op, number, side, (uintptr_t)obj, 0, status, 0);
+	if (obj) {
+		devx_remember(obj, op, number);
 		if (op == ST_MLX5_CMD_OP_CREATE_QP)
 			note_created_qp(in, inlen, number);
 	}
 	errno = saved;
-	return o;
 }
 
 /* obj of a modify/query event: the QPN in the command for QP transitions,
@@ -481,160 +347,98 @@ static uint32_t command_number(const void *handle, uint16_t op, const void *in, 
 {
 	if ((is_qp_transition(op) || op == ST_MLX5_CMD_OP_QUERY_QP) && inlen >= 12)
 		return (uint32_t)st_devx_get(in, ST_PRM_MODIFY_QP_QPN);
-	uint16_t cop;
-	uint32_t n = 0;
-	if (handle && devx_lookup(handle, &cop, &n, 0))
-		return n;
+	uint16_t created_op;
+	uint32_t number = 0;
+	if (handle && devx_lookup(handle, &created_op, &number, 0))
+		return number;
 	return 0;
 }
 
-ST_EXPORT int mlx5dv_devx_obj_modify(struct mlx5dv_devx_obj *o, const void *in, size_t inlen, void *out,
-				     size_t outlen)
+/* A DevX command's event: opcode in aux, `number` (an expression that may
+ * use op) in obj, the raw PRM input and output in a side record.  Expanded
+ * inside a shim of mlx5_shims.def: in, inlen, out, outlen are its arguments. */
+#define DEVX_COMMAND_EVENT(type, number)                                           \
+	do {                                                                       \
+		int saved = errno;                                                 \
+		uint16_t op = prm_opcode(in, inlen);                               \
+		st_ev(type, op, (number), prm_side(in, inlen, out, outlen));       \
+		errno = saved;                                                     \
+	} while (0)
+
+static void eqn_queried(int ret, uint32_t vector, const uint32_t *eqn)
 {
-	if (!ST_REAL(real_obj_modify, "mlx5dv_devx_obj_modify"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_obj_modify(o, in, inlen, out, outlen);
-	st_rdma_enter();
-	int ret = real_obj_modify(o, in, inlen, out, outlen);
-	st_rdma_leave();
+	if (ret != 0 || !eqn)
+		return;
 	int saved = errno;
-	uint16_t op = prm_opcode(in, inlen);
-	st_ev(ST_EV_MLX5_DEVX_OBJ_MODIFY, op, command_number(o, op, in, inlen), prm_side(in, inlen, out, outlen));
+	st_ev(ST_EV_MLX5_DEVX_QUERY_EQN, 0, *eqn, vector);
 	errno = saved;
-	return ret;
 }
 
-ST_EXPORT int mlx5dv_devx_obj_query(struct mlx5dv_devx_obj *o, const void *in, size_t inlen, void *out,
-				    size_t outlen)
+/* ---- the generated shims (rows ST_SHIM of mlx5_shims.def) ----------------- */
+#define ST_SHIM ST_RDMA_SHIM
+#define ST_SHIM_BY_HAND(provider, ret_type, name, params)
+#include "mlx5_shims.def"
+
+/* ---- the shims written out (rows ST_SHIM_BY_HAND) ------------------------- */
+ST_EXPORT void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *uar)
 {
-	if (!ST_REAL(real_obj_query, "mlx5dv_devx_obj_query"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_obj_query(o, in, inlen, out, outlen);
+	if (!ST_REAL(real_mlx5dv_devx_free_uar, "mlx5dv_devx_free_uar"))
+		return;
+	if (!st_rdma_should(ST_PROV_MLX5) || !uar) {
+		real_mlx5dv_devx_free_uar(uar);
+		return;
+	}
+	uint32_t page = uar->page_id;
+	/* a proxied UAR: its poller forwards what it holds and stops, and the
+	 * library gets the struct back as it made it */
+	if (st_hijack_cpu_uar_release) {
+		int saved = errno;
+		void *real = st_hijack_cpu_uar_release(uar->reg_addr);
+		if (real)
+			uar->reg_addr = real;
+		errno = saved;
+	}
+	void *reg = uar->reg_addr;
+	/* the hijack lets go of the page before it disappears */
+	if (st_hijack_forget_uar)
+		st_hijack_forget_uar(reg);
 	st_rdma_enter();
-	int ret = real_obj_query(o, in, inlen, out, outlen);
+	real_mlx5dv_devx_free_uar(uar);
 	st_rdma_leave();
 	int saved = errno;
-	uint16_t op = prm_opcode(in, inlen);
-	st_ev(ST_EV_MLX5_DEVX_OBJ_QUERY, op, command_number(o, op, in, inlen), prm_side(in, inlen, out, outlen));
+	st_ev(ST_EV_MLX5_DEVX_FREE_UAR, 0, page, (uintptr_t)reg);
 	errno = saved;
-	return ret;
 }
 
-ST_EXPORT int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *o)
+ST_EXPORT int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *obj)
 {
-	if (!ST_REAL(real_obj_destroy, "mlx5dv_devx_obj_destroy"))
+	if (!ST_REAL(real_mlx5dv_devx_obj_destroy, "mlx5dv_devx_obj_destroy"))
 		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5) || !o)
-		return real_obj_destroy(o);
+	if (!st_rdma_should(ST_PROV_MLX5) || !obj)
+		return real_mlx5dv_devx_obj_destroy(obj);
 	uint16_t op = 0;
 	uint32_t number = 0;
-	int known = devx_lookup(o, &op, &number, 0);
+	int known = devx_lookup(obj, &op, &number, 0);
 	if (known && op == ST_MLX5_CMD_OP_CREATE_QP && st_hijack_forget_qp)
 		st_hijack_forget_qp(number); /* before the QP's memory can be reused */
 	st_rdma_enter();
-	int ret = real_obj_destroy(o);
+	int ret = real_mlx5dv_devx_obj_destroy(obj);
 	st_rdma_leave();
 	int saved = errno;
 	if (ret == 0) {
 		if (known)
-			devx_lookup(o, &op, &number, 1);
-		st_ev(ST_EV_MLX5_DEVX_OBJ_DESTROY, op, number, (uintptr_t)o);
+			devx_lookup(obj, &op, &number, 1);
+		st_ev(ST_EV_MLX5_DEVX_OBJ_DESTROY, op, number, (uintptr_t)obj);
 	}
 	errno = saved;
-	return ret;
-}
-
-ST_EXPORT int mlx5dv_devx_general_cmd(struct ibv_context *ctx, const void *in, size_t inlen, void *out,
-				      size_t outlen)
-{
-	if (!ST_REAL(real_general_cmd, "mlx5dv_devx_general_cmd"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_general_cmd(ctx, in, inlen, out, outlen);
-	st_rdma_enter();
-	int ret = real_general_cmd(ctx, in, inlen, out, outlen);
-	st_rdma_leave();
-	int saved = errno;
-	st_ev(ST_EV_MLX5_DEVX_GENERAL_CMD, prm_opcode(in, inlen), 0, prm_side(in, inlen, out, outlen));
-	errno = saved;
-	return ret;
-}
-
-/* DevX commands on verbs objects (mlx5dv_devx_qp_modify/_query): same events,
- * the QPN read from the command. */
-ST_EXPORT int mlx5dv_devx_qp_modify(struct ibv_qp *qp, const void *in, size_t inlen, void *out, size_t outlen)
-{
-	if (!ST_REAL(real_qp_modify, "mlx5dv_devx_qp_modify"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_qp_modify(qp, in, inlen, out, outlen);
-	st_rdma_enter();
-	int ret = real_qp_modify(qp, in, inlen, out, outlen);
-	st_rdma_leave();
-	int saved = errno;
-	uint16_t op = prm_opcode(in, inlen);
-	uint32_t qpn = is_qp_transition(op) && inlen >= 12 ? (uint32_t)st_devx_get(in, ST_PRM_MODIFY_QP_QPN)
-			: qp ? qp->qp_num : 0;
-	st_ev(ST_EV_MLX5_DEVX_OBJ_MODIFY, op, qpn, prm_side(in, inlen, out, outlen));
-	errno = saved;
-	return ret;
-}
-
-ST_EXPORT int mlx5dv_devx_qp_query(struct ibv_qp *qp, const void *in, size_t inlen, void *out, size_t outlen)
-{
-	if (!ST_REAL(real_qp_query, "mlx5dv_devx_qp_query"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_qp_query(qp, in, inlen, out, outlen);
-	st_rdma_enter();
-	int ret = real_qp_query(qp, in, inlen, out, outlen);
-	st_rdma_leave();
-	int saved = errno;
-	st_ev(ST_EV_MLX5_DEVX_OBJ_QUERY, prm_opcode(in, inlen), qp ? qp->qp_num : 0, prm_side(in, inlen, out, outlen));
-	errno = saved;
-	return ret;
-}
-
-ST_EXPORT int mlx5dv_devx_query_eqn(struct ibv_context *ctx, uint32_t vector, uint32_t *eqn)
-{
-	if (!ST_REAL(real_query_eqn, "mlx5dv_devx_query_eqn"))
-		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5))
-		return real_query_eqn(ctx, vector, eqn);
-	st_rdma_enter();
-	int ret = real_query_eqn(ctx, vector, eqn);
-	st_rdma_leave();
-	if (ret == 0 && eqn) {
-		int saved = errno;
-		st_ev(ST_EV_MLX5_DEVX_QUERY_EQN, 0, *eqn, vector);
-		errno = saved;
-	}
 	return ret;
 }
 
 /* ---- registration -------------------------------------------------------- */
 static const struct st_hook mlx5_hooks[] = {
-	{"mlx5dv_open_device", (void *)mlx5dv_open_device, (void **)&real_mlx5dv_open_device, ST_PROV_IBV},
-	{"mlx5dv_create_qp", (void *)mlx5dv_create_qp, (void **)&real_mlx5dv_create_qp, ST_PROV_IBV},
-	{"mlx5dv_init_obj", (void *)mlx5dv_init_obj, (void **)&real_mlx5dv_init_obj, ST_PROV_MLX5},
-	{"mlx5dv_devx_alloc_uar", (void *)mlx5dv_devx_alloc_uar, (void **)&real_alloc_uar, ST_PROV_MLX5},
-	{"mlx5dv_devx_free_uar", (void *)mlx5dv_devx_free_uar, (void **)&real_free_uar, ST_PROV_MLX5},
-	{"mlx5dv_devx_umem_reg", (void *)mlx5dv_devx_umem_reg, (void **)&real_umem_reg, ST_PROV_MLX5},
-	{"mlx5dv_devx_umem_reg_ex", (void *)mlx5dv_devx_umem_reg_ex, (void **)&real_umem_reg_ex, ST_PROV_MLX5},
-	{"mlx5dv_devx_umem_dereg", (void *)mlx5dv_devx_umem_dereg, (void **)&real_umem_dereg, ST_PROV_MLX5},
-	{"mlx5dv_devx_obj_create", (void *)mlx5dv_devx_obj_create, (void **)&real_obj_create, ST_PROV_MLX5},
-	{"mlx5dv_devx_obj_modify", (void *)mlx5dv_devx_obj_modify, (void **)&real_obj_modify, ST_PROV_MLX5},
-	{"mlx5dv_devx_obj_query", (void *)mlx5dv_devx_obj_query, (void **)&real_obj_query, ST_PROV_MLX5},
-	{"mlx5dv_devx_obj_destroy", (void *)mlx5dv_devx_obj_destroy, (void **)&real_obj_destroy, ST_PROV_MLX5},
-	{"mlx5dv_devx_general_cmd", (void *)mlx5dv_devx_general_cmd, (void **)&real_general_cmd, ST_PROV_MLX5},
-	{"mlx5dv_devx_qp_modify", (void *)mlx5dv_devx_qp_modify, (void **)&real_qp_modify, ST_PROV_MLX5},
-	{"mlx5dv_devx_qp_query", (void *)mlx5dv_devx_qp_query, (void **)&real_qp_query, ST_PROV_MLX5},
-	{"mlx5dv_devx_query_eqn", (void *)mlx5dv_devx_query_eqn, (void **)&real_query_eqn, ST_PROV_MLX5},
+#define ST_SHIM(fail, provider, ret_type, name, params, args, skip, note, record) ST_RDMA_HOOK(provider, name)
+#define ST_SHIM_BY_HAND(provider, ret_type, name, params) ST_RDMA_HOOK(provider, name)
+#include "mlx5_shims.def"
 };
 
-__attribute__((constructor(111))) static void mlx5_provider_init(void)
-{
-	st_hooks_register(mlx5_hooks, sizeof(mlx5_hooks) / sizeof(mlx5_hooks[0]));
-}
+ST_HOOKS_CONSTRUCTOR(111, mlx5_hooks)

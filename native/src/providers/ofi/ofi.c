@@ -21,6 +21,11 @@
  * opening core endpoints underneath) are not patched, so one application
  * call is one event.
  *
+ * The slots and what each records are one table, ofi_ops.def (X-macros):
+ * the wrappers, and the lists of slots a copied table gets, are generated
+ * from it.  The few irregular wrappers (ep control, AV insert, AV open) are
+ * written out.
+ *
  * Recording rules (docs/tracer.md): operations are recorded when the
  * provider accepted them (return 0); -FI_EAGAIN retries are not operations.
  * Simple mode writes the EXT record only when it carries information (a
@@ -58,10 +63,10 @@ struct ofi_obj {
 
 static struct ofi_obj *obj_new(void)
 {
-	struct ofi_obj *o = calloc(1, sizeof(*o));
-	if (o)
-		o->id = st_obj_next_id();
-	return o;
+	struct ofi_obj *state = calloc(1, sizeof(*state));
+	if (state)
+		state->id = st_obj_next_id();
+	return state;
 }
 
 static size_t dt_size(enum fi_datatype dt)
@@ -87,13 +92,13 @@ static size_t ioc_bytes(const struct fi_ioc *ioc, size_t n, enum fi_datatype dt)
 }
 
 /* One posted operation.  t0: TSC before the call. */
-static inline void ofi_op(uint64_t t0, uint16_t type, uint16_t aux, const struct ofi_obj *o, uint64_t bytes,
+static inline void ofi_op(uint64_t t0, uint16_t type, uint16_t aux, const struct ofi_obj *state, uint64_t bytes,
 			  fi_addr_t addr, uint64_t x3, int info_ext)
 {
 	int saved = errno;
-	uint32_t id = o ? o->id : 0;
+	uint32_t id = state ? state->id : 0;
 	/* a connected endpoint ignores the address: its peer is in OFI_ENDPOINT */
-	if (o && o->connected)
+	if (state && state->connected)
 		addr = FI_ADDR_UNSPEC;
 	if (st_aggregate()) {
 		st_agg_add(type, aux, id, addr == FI_ADDR_UNSPEC ? 0 : addr, bytes);
@@ -141,8 +146,7 @@ static void record_create(uint16_t type, uint32_t id, const struct fi_info *info
 	int saved = errno;
 	char buf[2048];
 	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
+	st_json_begin_object(&j, buf, sizeof(buf));
 	st_json_uint(&j, "id", id);
 	side_info(&j, info);
 	if (extra_key)
@@ -153,337 +157,53 @@ static void record_create(uint16_t type, uint32_t id, const struct fi_info *info
 	errno = saved;
 }
 
-#define ORIG(tbl, T) ((const T *)st_optable_orig(tbl))
-#define OWNER(tbl) ((struct ofi_obj *)st_optable_owner(tbl))
+#define ORIG(table, type) ((const type *)st_optable_orig(table))
+#define OWNER(table) ((struct ofi_obj *)st_optable_owner(table))
 
-/* ---- fi_ops_msg ------------------------------------------------------------------ */
+/* ---- what the wrappers record -------------------------------------------------------- */
 
-#define BEGIN_OP(slot, T)                                                   \
-	const T *o_ = ORIG(ep->slot, T);                                    \
-	struct ofi_obj *s_ = OWNER(ep->slot);                               \
-	ssize_t r_;                                                          \
-	uint64_t t0_ = 0;                                                    \
-	int top_ = st_enter();                                               \
-	if (top_ && !st_aggregate()) /* counters need no timestamp */        \
-		t0_ = st_tsc();
-#define END_OP(rec)          \
-	st_leave();          \
-	if (top_ && r_ == 0) \
-		rec;         \
-	return r_;
-
-static ssize_t m_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, void *ctx)
-{
-	BEGIN_OP(msg, struct fi_ops_msg)
-	r_ = o_->recv(ep, buf, len, desc, src, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_RECV, V_PLAIN, s_, len, src, (uintptr_t)ctx, 0))
-}
-static ssize_t m_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src, void *ctx)
-{
-	BEGIN_OP(msg, struct fi_ops_msg)
-	r_ = o_->recvv(ep, iov, desc, count, src, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_RECV, V_VEC, s_, iov_bytes(iov, count), src, (uintptr_t)ctx, 0))
-}
-static ssize_t m_recvmsg(struct fid_ep *ep, const struct fi_msg *msg, uint64_t flags)
-{
-	BEGIN_OP(msg, struct fi_ops_msg)
-	r_ = o_->recvmsg(ep, msg, flags);
-	END_OP(ofi_op(t0_, ST_EV_OFI_RECV, V_MSG, s_, iov_bytes(msg->msg_iov, msg->iov_count), msg->addr,
-		      (uintptr_t)msg->context, 0))
-}
-static ssize_t m_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, void *ctx)
-{
-	BEGIN_OP(msg, struct fi_ops_msg)
-	r_ = o_->send(ep, buf, len, desc, dest, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_SEND, V_PLAIN, s_, len, dest, (uintptr_t)ctx, 0))
-}
-static ssize_t m_sendv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest, void *ctx)
-{
-	BEGIN_OP(msg, struct fi_ops_msg)
-	r_ = o_->sendv(ep, iov, desc, count, dest, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_SEND, V_VEC, s_, iov_bytes(iov, count), dest, (uintptr_t)ctx, 0))
-}
-static ssize_t m_sendmsg(struct fid_ep *ep, const struct fi_msg *msg, uint64_t flags)
-{
-	BEGIN_OP(msg, struct fi_ops_msg)
-	r_ = o_->sendmsg(ep, msg, flags);
-	END_OP(ofi_op(t0_, ST_EV_OFI_SEND, V_MSG, s_, iov_bytes(msg->msg_iov, msg->iov_count), msg->addr,
-		      (uintptr_t)msg->context, 0))
-}
-static ssize_t m_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest)
-{
-	BEGIN_OP(msg, struct fi_ops_msg)
-	r_ = o_->inject(ep, buf, len, dest);
-	END_OP(ofi_op(t0_, ST_EV_OFI_SEND, V_INJECT, s_, len, dest, 0, 0))
-}
-static ssize_t m_senddata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
-			  void *ctx)
-{
-	BEGIN_OP(msg, struct fi_ops_msg)
-	r_ = o_->senddata(ep, buf, len, desc, data, dest, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_SEND, V_DATA, s_, len, dest, (uintptr_t)ctx, 0))
-}
-static ssize_t m_injectdata(struct fid_ep *ep, const void *buf, size_t len, uint64_t data, fi_addr_t dest)
-{
-	BEGIN_OP(msg, struct fi_ops_msg)
-	r_ = o_->injectdata(ep, buf, len, data, dest);
-	END_OP(ofi_op(t0_, ST_EV_OFI_SEND, V_INJECTDATA, s_, len, dest, 0, 0))
-}
-
-/* ---- fi_ops_tagged (EXT: x0=peer, x3=tag) ------------------------------------------ */
-
-static ssize_t t_recv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
-		      uint64_t ignore, void *ctx)
-{
-	BEGIN_OP(tagged, struct fi_ops_tagged)
-	r_ = o_->recv(ep, buf, len, desc, src, tag, ignore, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_TRECV, V_PLAIN, s_, len, src, tag, 1))
-}
-static ssize_t t_recvv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src,
-		       uint64_t tag, uint64_t ignore, void *ctx)
-{
-	BEGIN_OP(tagged, struct fi_ops_tagged)
-	r_ = o_->recvv(ep, iov, desc, count, src, tag, ignore, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_TRECV, V_VEC, s_, iov_bytes(iov, count), src, tag, 1))
-}
-static ssize_t t_recvmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, uint64_t flags)
-{
-	BEGIN_OP(tagged, struct fi_ops_tagged)
-	r_ = o_->recvmsg(ep, msg, flags);
-	END_OP(ofi_op(t0_, ST_EV_OFI_TRECV, V_MSG, s_, iov_bytes(msg->msg_iov, msg->iov_count), msg->addr, msg->tag, 1))
-}
-static ssize_t t_send(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag,
-		      void *ctx)
-{
-	BEGIN_OP(tagged, struct fi_ops_tagged)
-	r_ = o_->send(ep, buf, len, desc, dest, tag, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_TSEND, V_PLAIN, s_, len, dest, tag, 1))
-}
-static ssize_t t_sendv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest,
-		       uint64_t tag, void *ctx)
-{
-	BEGIN_OP(tagged, struct fi_ops_tagged)
-	r_ = o_->sendv(ep, iov, desc, count, dest, tag, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_TSEND, V_VEC, s_, iov_bytes(iov, count), dest, tag, 1))
-}
-static ssize_t t_sendmsg(struct fid_ep *ep, const struct fi_msg_tagged *msg, uint64_t flags)
-{
-	BEGIN_OP(tagged, struct fi_ops_tagged)
-	r_ = o_->sendmsg(ep, msg, flags);
-	END_OP(ofi_op(t0_, ST_EV_OFI_TSEND, V_MSG, s_, iov_bytes(msg->msg_iov, msg->iov_count), msg->addr, msg->tag, 1))
-}
-static ssize_t t_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest, uint64_t tag)
-{
-	BEGIN_OP(tagged, struct fi_ops_tagged)
-	r_ = o_->inject(ep, buf, len, dest, tag);
-	END_OP(ofi_op(t0_, ST_EV_OFI_TSEND, V_INJECT, s_, len, dest, tag, 1))
-}
-static ssize_t t_senddata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
-			  uint64_t tag, void *ctx)
-{
-	BEGIN_OP(tagged, struct fi_ops_tagged)
-	r_ = o_->senddata(ep, buf, len, desc, data, dest, tag, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_TSEND, V_DATA, s_, len, dest, tag, 1))
-}
-static ssize_t t_injectdata(struct fid_ep *ep, const void *buf, size_t len, uint64_t data, fi_addr_t dest,
-			    uint64_t tag)
-{
-	BEGIN_OP(tagged, struct fi_ops_tagged)
-	r_ = o_->injectdata(ep, buf, len, data, dest, tag);
-	END_OP(ofi_op(t0_, ST_EV_OFI_TSEND, V_INJECTDATA, s_, len, dest, tag, 1))
-}
-
-/* ---- fi_ops_rma (EXT: x0=peer, x3=remote address) ------------------------------------ */
-
-static ssize_t r_read(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr,
-		      uint64_t key, void *ctx)
-{
-	BEGIN_OP(rma, struct fi_ops_rma)
-	r_ = o_->read(ep, buf, len, desc, src, addr, key, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_READ, V_PLAIN, s_, len, src, addr, 1))
-}
-static ssize_t r_readv(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t src,
-		       uint64_t addr, uint64_t key, void *ctx)
-{
-	BEGIN_OP(rma, struct fi_ops_rma)
-	r_ = o_->readv(ep, iov, desc, count, src, addr, key, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_READ, V_VEC, s_, iov_bytes(iov, count), src, addr, 1))
-}
-static ssize_t r_readmsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags)
-{
-	BEGIN_OP(rma, struct fi_ops_rma)
-	r_ = o_->readmsg(ep, msg, flags);
-	END_OP(ofi_op(t0_, ST_EV_OFI_READ, V_MSG, s_, iov_bytes(msg->msg_iov, msg->iov_count), msg->addr,
-		      msg->rma_iov_count ? msg->rma_iov[0].addr : 0, 1))
-}
-static ssize_t r_write(struct fid_ep *ep, const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t addr,
-		       uint64_t key, void *ctx)
-{
-	BEGIN_OP(rma, struct fi_ops_rma)
-	r_ = o_->write(ep, buf, len, desc, dest, addr, key, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_WRITE, V_PLAIN, s_, len, dest, addr, 1))
-}
-static ssize_t r_writev(struct fid_ep *ep, const struct iovec *iov, void **desc, size_t count, fi_addr_t dest,
-			uint64_t addr, uint64_t key, void *ctx)
-{
-	BEGIN_OP(rma, struct fi_ops_rma)
-	r_ = o_->writev(ep, iov, desc, count, dest, addr, key, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_WRITE, V_VEC, s_, iov_bytes(iov, count), dest, addr, 1))
-}
-static ssize_t r_writemsg(struct fid_ep *ep, const struct fi_msg_rma *msg, uint64_t flags)
-{
-	BEGIN_OP(rma, struct fi_ops_rma)
-	r_ = o_->writemsg(ep, msg, flags);
-	END_OP(ofi_op(t0_, ST_EV_OFI_WRITE, V_MSG, s_, iov_bytes(msg->msg_iov, msg->iov_count), msg->addr,
-		      msg->rma_iov_count ? msg->rma_iov[0].addr : 0, 1))
-}
-static ssize_t r_inject(struct fid_ep *ep, const void *buf, size_t len, fi_addr_t dest, uint64_t addr, uint64_t key)
-{
-	BEGIN_OP(rma, struct fi_ops_rma)
-	r_ = o_->inject(ep, buf, len, dest, addr, key);
-	END_OP(ofi_op(t0_, ST_EV_OFI_WRITE, V_INJECT, s_, len, dest, addr, 1))
-}
-static ssize_t r_writedata(struct fid_ep *ep, const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
-			   uint64_t addr, uint64_t key, void *ctx)
-{
-	BEGIN_OP(rma, struct fi_ops_rma)
-	r_ = o_->writedata(ep, buf, len, desc, data, dest, addr, key, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_WRITE, V_DATA, s_, len, dest, addr, 1))
-}
-static ssize_t r_injectdata(struct fid_ep *ep, const void *buf, size_t len, uint64_t data, fi_addr_t dest,
-			    uint64_t addr, uint64_t key)
-{
-	BEGIN_OP(rma, struct fi_ops_rma)
-	r_ = o_->injectdata(ep, buf, len, data, dest, addr, key);
-	END_OP(ofi_op(t0_, ST_EV_OFI_WRITE, V_INJECTDATA, s_, len, dest, addr, 1))
-}
-
-/* ---- fi_ops_atomic (aux = op; EXT: x0=peer, x3=remote address) ------------------------- */
-
-static ssize_t a_write(struct fid_ep *ep, const void *buf, size_t count, void *desc, fi_addr_t dest, uint64_t addr,
-		       uint64_t key, enum fi_datatype dt, enum fi_op op, void *ctx)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->write(ep, buf, count, desc, dest, addr, key, dt, op, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)op, s_, count * dt_size(dt), dest, addr, 1))
-}
-static ssize_t a_writev(struct fid_ep *ep, const struct fi_ioc *iov, void **desc, size_t count, fi_addr_t dest,
-			uint64_t addr, uint64_t key, enum fi_datatype dt, enum fi_op op, void *ctx)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->writev(ep, iov, desc, count, dest, addr, key, dt, op, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)op, s_, ioc_bytes(iov, count, dt), dest, addr, 1))
-}
-static ssize_t a_writemsg(struct fid_ep *ep, const struct fi_msg_atomic *msg, uint64_t flags)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->writemsg(ep, msg, flags);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)msg->op, s_, ioc_bytes(msg->msg_iov, msg->iov_count, msg->datatype),
-		      msg->addr, msg->rma_iov_count ? msg->rma_iov[0].addr : 0, 1))
-}
-static ssize_t a_inject(struct fid_ep *ep, const void *buf, size_t count, fi_addr_t dest, uint64_t addr,
-			uint64_t key, enum fi_datatype dt, enum fi_op op)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->inject(ep, buf, count, dest, addr, key, dt, op);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)op, s_, count * dt_size(dt), dest, addr, 1))
-}
-static ssize_t a_readwrite(struct fid_ep *ep, const void *buf, size_t count, void *desc, void *result,
-			   void *result_desc, fi_addr_t dest, uint64_t addr, uint64_t key, enum fi_datatype dt,
-			   enum fi_op op, void *ctx)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->readwrite(ep, buf, count, desc, result, result_desc, dest, addr, key, dt, op, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)op, s_, count * dt_size(dt), dest, addr, 1))
-}
-static ssize_t a_readwritev(struct fid_ep *ep, const struct fi_ioc *iov, void **desc, size_t count,
-			    struct fi_ioc *resultv, void **result_desc, size_t result_count, fi_addr_t dest,
-			    uint64_t addr, uint64_t key, enum fi_datatype dt, enum fi_op op, void *ctx)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->readwritev(ep, iov, desc, count, resultv, result_desc, result_count, dest, addr, key, dt, op, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)op, s_, ioc_bytes(iov, count, dt), dest, addr, 1))
-}
-static ssize_t a_readwritemsg(struct fid_ep *ep, const struct fi_msg_atomic *msg, struct fi_ioc *resultv,
-			      void **result_desc, size_t result_count, uint64_t flags)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->readwritemsg(ep, msg, resultv, result_desc, result_count, flags);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)msg->op, s_, ioc_bytes(msg->msg_iov, msg->iov_count, msg->datatype),
-		      msg->addr, msg->rma_iov_count ? msg->rma_iov[0].addr : 0, 1))
-}
-static ssize_t a_compwrite(struct fid_ep *ep, const void *buf, size_t count, void *desc, const void *compare,
-			   void *compare_desc, void *result, void *result_desc, fi_addr_t dest, uint64_t addr,
-			   uint64_t key, enum fi_datatype dt, enum fi_op op, void *ctx)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->compwrite(ep, buf, count, desc, compare, compare_desc, result, result_desc, dest, addr, key, dt, op,
-			   ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)op, s_, count * dt_size(dt), dest, addr, 1))
-}
-static ssize_t a_compwritev(struct fid_ep *ep, const struct fi_ioc *iov, void **desc, size_t count,
-			    const struct fi_ioc *comparev, void **compare_desc, size_t compare_count,
-			    struct fi_ioc *resultv, void **result_desc, size_t result_count, fi_addr_t dest,
-			    uint64_t addr, uint64_t key, enum fi_datatype dt, enum fi_op op, void *ctx)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->compwritev(ep, iov, desc, count, comparev, compare_desc, compare_count, resultv, result_desc,
-			    result_count, dest, addr, key, dt, op, ctx);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)op, s_, ioc_bytes(iov, count, dt), dest, addr, 1))
-}
-static ssize_t a_compwritemsg(struct fid_ep *ep, const struct fi_msg_atomic *msg, const struct fi_ioc *comparev,
-			      void **compare_desc, size_t compare_count, struct fi_ioc *resultv, void **result_desc,
-			      size_t result_count, uint64_t flags)
-{
-	BEGIN_OP(atomic, struct fi_ops_atomic)
-	r_ = o_->compwritemsg(ep, msg, comparev, compare_desc, compare_count, resultv, result_desc, result_count, flags);
-	END_OP(ofi_op(t0_, ST_EV_OFI_ATOMIC, (uint16_t)msg->op, s_, ioc_bytes(msg->msg_iov, msg->iov_count, msg->datatype),
-		      msg->addr, msg->rma_iov_count ? msg->rma_iov[0].addr : 0, 1))
-}
-
-/* ---- CQ reads (full mode: every call and every completion; aggregate: counters) ---- */
-
-static void record_cq(uint64_t t0, const struct ofi_obj *s, const void *buf, size_t count, ssize_t ret)
+/* CQ reads: full mode, every call and every completion; aggregate: counters */
+static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, size_t count, ssize_t ret)
 {
 	int saved = errno;
 	size_t n = ret > 0 ? (size_t)ret : 0;
 	if (st_aggregate()) {
-		st_agg_add(ST_EV_OFI_CQ_READ, 0, s->id, 0, n);
-		for (size_t i = 0; i < n && s->cq_stride; i++) {
-			const unsigned char *e = (const unsigned char *)buf + i * s->cq_stride;
+		st_agg_add(ST_EV_OFI_CQ_READ, 0, cq->id, 0, n);
+		for (size_t i = 0; i < n && cq->cq_stride; i++) {
+			const unsigned char *e = (const unsigned char *)buf + i * cq->cq_stride;
 			const struct fi_cq_msg_entry *m = (const void *)e;
-			if (s->cq_format == FI_CQ_FORMAT_CONTEXT)
-				st_agg_add(ST_EV_OFI_COMPLETION, 0, s->id, 0, 0);
+			if (cq->cq_format == FI_CQ_FORMAT_CONTEXT)
+				st_agg_add(ST_EV_OFI_COMPLETION, 0, cq->id, 0, 0);
 			else
-				st_agg_add(ST_EV_OFI_COMPLETION, (uint16_t)m->flags, s->id, 0, m->len);
+				st_agg_add(ST_EV_OFI_COMPLETION, (uint16_t)m->flags, cq->id, 0, m->len);
 		}
 		errno = saved;
 		return;
 	}
 	struct st_event *e = st_reserve(1);
 	if (e) {
-		*e = (struct st_event){t0, ST_EV_OFI_CQ_READ, (uint16_t)(n > 0xffff ? 0xffff : n), s->id, count};
+		*e = (struct st_event){t0, ST_EV_OFI_CQ_READ, (uint16_t)(n > 0xffff ? 0xffff : n), cq->id, count};
 		st_commit();
 	}
 	uint64_t now = n ? st_tsc() : 0;
 	for (size_t i = 0; i < n; i++) {
-		if (!s->cq_stride) { /* unknown format: only the first entry's context is certain */
+		if (!cq->cq_stride) { /* unknown format: only the first entry's context is certain */
 			if (i == 0 && (e = st_reserve(1))) {
-				*e = (struct st_event){now, ST_EV_OFI_COMPLETION, 0, s->id, *(const uint64_t *)buf};
+				*e = (struct st_event){now, ST_EV_OFI_COMPLETION, 0, cq->id, *(const uint64_t *)buf};
 				st_commit();
 			}
 			break;
 		}
-		const unsigned char *ent = (const unsigned char *)buf + i * s->cq_stride;
-		if (s->cq_format == FI_CQ_FORMAT_CONTEXT) {
+		const unsigned char *ent = (const unsigned char *)buf + i * cq->cq_stride;
+		if (cq->cq_format == FI_CQ_FORMAT_CONTEXT) {
 			if ((e = st_reserve(1))) {
-				*e = (struct st_event){now, ST_EV_OFI_COMPLETION, 0, s->id, *(const uint64_t *)ent};
+				*e = (struct st_event){now, ST_EV_OFI_COMPLETION, 0, cq->id, *(const uint64_t *)ent};
 				st_commit();
 			}
 		} else {
 			const struct fi_cq_msg_entry *m = (const void *)ent;
 			if ((e = st_reserve(2))) {
-				e[0] = (struct st_event){now, ST_EV_OFI_COMPLETION, (uint16_t)m->flags, s->id,
+				e[0] = (struct st_event){now, ST_EV_OFI_COMPLETION, (uint16_t)m->flags, cq->id,
 							 (uintptr_t)m->op_context};
 				e[1] = (struct st_event){m->len, ST_EV_EXT, 0, 0, m->flags};
 				st_commit();
@@ -491,197 +211,6 @@ static void record_cq(uint64_t t0, const struct ofi_obj *s, const void *buf, siz
 		}
 	}
 	errno = saved;
-}
-
-#define BEGIN_CQ                                                           \
-	const struct fi_ops_cq *o_ = ORIG(cq->ops, struct fi_ops_cq);     \
-	struct ofi_obj *s_ = OWNER(cq->ops);                               \
-	ssize_t r_;                                                        \
-	uint64_t t0_ = st_aggregate() ? 0 : st_tsc();                      \
-	int top_ = st_enter();
-#define END_CQ                                       \
-	st_leave();                                  \
-	if (top_)                                    \
-		record_cq(t0_, s_, buf, count, r_);  \
-	return r_;
-
-static ssize_t c_read(struct fid_cq *cq, void *buf, size_t count)
-{
-	BEGIN_CQ
-	r_ = o_->read(cq, buf, count);
-	END_CQ
-}
-static ssize_t c_readfrom(struct fid_cq *cq, void *buf, size_t count, fi_addr_t *src)
-{
-	BEGIN_CQ
-	r_ = o_->readfrom(cq, buf, count, src);
-	END_CQ
-}
-static ssize_t c_sread(struct fid_cq *cq, void *buf, size_t count, const void *cond, int timeout)
-{
-	BEGIN_CQ
-	r_ = o_->sread(cq, buf, count, cond, timeout);
-	END_CQ
-}
-static ssize_t c_sreadfrom(struct fid_cq *cq, void *buf, size_t count, fi_addr_t *src, const void *cond, int timeout)
-{
-	BEGIN_CQ
-	r_ = o_->sreadfrom(cq, buf, count, src, cond, timeout);
-	END_CQ
-}
-
-/* ---- patching ---------------------------------------------------------------------------- */
-
-/* Copy *slot (a table of `size` bytes), put wrappers in, install. */
-#define PATCH(slot_ptr, T, owner, body)                                          \
-	do {                                                                     \
-		T *orig_ = *(slot_ptr);                                          \
-		if (orig_ && !st_optable_ours(orig_)) {                          \
-			size_t sz_ = sizeof(T);                                  \
-			if (orig_->size && orig_->size < sz_)                    \
-				sz_ = orig_->size;                               \
-			T *c_ = st_optable_copy(orig_, sizeof(T), (owner));      \
-			if (c_) {                                                \
-				if (sz_ < sizeof(T))                             \
-					memset((char *)c_ + sz_, 0, sizeof(T) - sz_); \
-				body;                                            \
-				st_optable_install((slot_ptr), c_);              \
-			}                                                        \
-		}                                                                \
-	} while (0)
-#define SET(f, w)            \
-	if (orig_->f)        \
-	c_->f = w
-
-static void patch_ep_tables(struct fid_ep *ep, struct ofi_obj *s)
-{
-	PATCH(&ep->msg, struct fi_ops_msg, s, {
-		SET(recv, m_recv); SET(recvv, m_recvv); SET(recvmsg, m_recvmsg); SET(send, m_send);
-		SET(sendv, m_sendv); SET(sendmsg, m_sendmsg); SET(inject, m_inject); SET(senddata, m_senddata);
-		SET(injectdata, m_injectdata);
-		s->installed[0] = c_;
-	});
-	PATCH(&ep->tagged, struct fi_ops_tagged, s, {
-		SET(recv, t_recv); SET(recvv, t_recvv); SET(recvmsg, t_recvmsg); SET(send, t_send);
-		SET(sendv, t_sendv); SET(sendmsg, t_sendmsg); SET(inject, t_inject); SET(senddata, t_senddata);
-		SET(injectdata, t_injectdata);
-		s->installed[1] = c_;
-	});
-	PATCH(&ep->rma, struct fi_ops_rma, s, {
-		SET(read, r_read); SET(readv, r_readv); SET(readmsg, r_readmsg); SET(write, r_write);
-		SET(writev, r_writev); SET(writemsg, r_writemsg); SET(inject, r_inject); SET(writedata, r_writedata);
-		SET(injectdata, r_injectdata);
-		s->installed[2] = c_;
-	});
-	PATCH(&ep->atomic, struct fi_ops_atomic, s, {
-		SET(write, a_write); SET(writev, a_writev); SET(writemsg, a_writemsg); SET(inject, a_inject);
-		SET(readwrite, a_readwrite); SET(readwritev, a_readwritev); SET(readwritemsg, a_readwritemsg);
-		SET(compwrite, a_compwrite); SET(compwritev, a_compwritev); SET(compwritemsg, a_compwritemsg);
-		s->installed[3] = c_;
-	});
-}
-
-/* fi_enable (fi_control(FI_ENABLE)) is where some providers pick their data
- * path tables: patch again whatever changed. */
-static int e_control(struct fid *fid, int command, void *arg)
-{
-	const struct fi_ops *o = ORIG(fid->ops, struct fi_ops);
-	struct ofi_obj *s = OWNER(fid->ops);
-	int top = st_enter();
-	int r = o->control(fid, command, arg);
-	st_leave();
-	if (top && command == FI_ENABLE && r == 0) {
-		int saved = errno;
-		patch_ep_tables((struct fid_ep *)fid, s); /* fid is the first member */
-		errno = saved;
-	}
-	return r;
-}
-
-static void patch_ep(struct fid_ep *ep, const struct fi_info *info)
-{
-	struct ofi_obj *s = obj_new();
-	if (!s)
-		return;
-	s->connected = info && info->ep_attr && info->ep_attr->type == FI_EP_MSG;
-	record_create(ST_EV_OFI_ENDPOINT, s->id, info, NULL, 0);
-	PATCH(&ep->fid.ops, struct fi_ops, s, { SET(control, e_control); });
-	patch_ep_tables(ep, s);
-}
-
-/* ---- CQ / AV / MR ---------------------------------------------------------------------- */
-
-static size_t cq_stride(enum fi_cq_format f)
-{
-	switch (f) {
-	case FI_CQ_FORMAT_CONTEXT: return sizeof(struct fi_cq_entry);
-	case FI_CQ_FORMAT_MSG: return sizeof(struct fi_cq_msg_entry);
-	case FI_CQ_FORMAT_DATA: return sizeof(struct fi_cq_data_entry);
-	case FI_CQ_FORMAT_TAGGED: return sizeof(struct fi_cq_tagged_entry);
-	default: return 0;
-	}
-}
-
-static void patch_cq(struct fid_cq *cq, const struct fi_cq_attr *attr)
-{
-	struct ofi_obj *s = obj_new();
-	if (!s)
-		return;
-	s->cq_format = attr ? (int)attr->format : FI_CQ_FORMAT_UNSPEC;
-	s->cq_stride = attr ? cq_stride(attr->format) : 0;
-	{
-		int saved = errno;
-		char buf[256];
-		struct st_json j;
-		st_json_init(&j, buf, sizeof(buf));
-		st_json_open(&j, NULL, '{');
-		st_json_uint(&j, "id", s->id);
-		st_json_int(&j, "format", s->cq_format);
-		st_json_uint(&j, "size", attr ? attr->size : 0);
-		st_json_close(&j, '}');
-		st_ev(ST_EV_OFI_CQ_OPEN, 0, s->id, st_side_json(buf, j.len));
-		errno = saved;
-	}
-	/* Simple mode omits polling: the CQ keeps its own table, zero cost. */
-	if (st_cfg.mode == ST_MODE_SIMPLE)
-		return;
-	PATCH(&cq->ops, struct fi_ops_cq, s, {
-		SET(read, c_read); SET(readfrom, c_readfrom); SET(sread, c_sread); SET(sreadfrom, c_sreadfrom);
-	});
-}
-
-static int v_insert(struct fid_av *av, const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *ctx)
-{
-	const struct fi_ops_av *o = ORIG(av->ops, struct fi_ops_av);
-	struct ofi_obj *s = OWNER(av->ops);
-	int top = st_enter();
-	int r = o->insert(av, addr, count, fi_addr, flags, ctx);
-	st_leave();
-	if (!top)
-		return r;
-	int saved = errno;
-	char buf[8192];
-	struct st_json j;
-	st_json_init(&j, buf, sizeof(buf));
-	st_json_open(&j, NULL, '{');
-	st_json_uint(&j, "av", s->id);
-	st_json_uint(&j, "count", count);
-	st_json_int(&j, "ret", r);
-	st_json_uint(&j, "addr_format", s->addr_format);
-	size_t shown = count < 64 ? count : 64;
-	st_json_open(&j, "addrs", '[');
-	for (size_t i = 0; addr && s->addrlen && i < shown; i++)
-		st_json_sockaddr(&j, NULL, (const char *)addr + i * s->addrlen, s->addrlen);
-	st_json_close(&j, ']');
-	st_json_open(&j, "fi_addrs", '[');
-	for (size_t i = 0; fi_addr && r > 0 && i < shown && i < (size_t)r; i++)
-		st_json_uint(&j, NULL, fi_addr[i]);
-	st_json_close(&j, ']');
-	st_json_close(&j, '}');
-	uint64_t sid = j.overflow ? 0 : st_side_json(buf, j.len);
-	st_ev(ST_EV_OFI_AV_INSERT, (uint16_t)(r > 0 ? (r > 0xffff ? 0xffff : r) : 0), s->id, sid);
-	errno = saved;
-	return r;
 }
 
 static void record_mr(uint64_t t0, struct fid_mr *mr, const void *addr, size_t len)
@@ -701,141 +230,253 @@ static void record_mr(uint64_t t0, struct fid_mr *mr, const void *addr, size_t l
 	errno = saved;
 }
 
-static int mr_reg(struct fid *fid, const void *buf, size_t len, uint64_t access, uint64_t offset,
-		  uint64_t requested_key, uint64_t flags, struct fid_mr **mr, void *ctx)
+static void patch_ep(struct fid_ep *ep, const struct fi_info *info);
+static void patch_cq(struct fid_cq *cq, const struct fi_cq_attr *attr);
+static void patch_domain(struct fid_domain *dom, const struct fi_info *info);
+
+/* ---- the wrappers of ofi_ops.def --------------------------------------------------------- */
+
+/* Endpoint data operations.  Counters need no timestamp (aggregate mode). */
+#define ST_OFI_EP_OP(table, slot, params, args, type, aux, bytes, peer, x3, info_ext)      \
+	static ssize_t ep_##table##_##slot params                                          \
+	{                                                                                  \
+		const struct fi_ops_##table *ops = ORIG(ep->table, struct fi_ops_##table); \
+		struct ofi_obj *owner = OWNER(ep->table);                                  \
+		ssize_t ret;                                                               \
+		uint64_t t0 = 0;                                                           \
+		int top = st_enter();                                                      \
+		if (top && !st_aggregate())                                                \
+			t0 = st_tsc();                                                     \
+		ret = ops->slot args;                                                      \
+		st_leave();                                                                \
+		if (top && ret == 0)                                                       \
+			ofi_op(t0, type, aux, owner, bytes, peer, x3, info_ext);           \
+		return ret;                                                                \
+	}
+
+#define ST_OFI_CQ_READ(slot, params, args)                                     \
+	static ssize_t cq_##slot params                                        \
+	{                                                                      \
+		const struct fi_ops_cq *ops = ORIG(cq->ops, struct fi_ops_cq); \
+		struct ofi_obj *owner = OWNER(cq->ops);                        \
+		ssize_t ret;                                                   \
+		uint64_t t0 = st_aggregate() ? 0 : st_tsc();                   \
+		int top = st_enter();                                          \
+		ret = ops->slot args;                                          \
+		st_leave();                                                    \
+		if (top)                                                       \
+			record_cq(t0, owner, buf, count, ret);                 \
+		return ret;                                                    \
+	}
+
+#define ST_OFI_MR_REG(slot, params, args, valid, addr, len)                         \
+	static int mr_##slot params                                                 \
+	{                                                                           \
+		struct fid_domain *domain = (struct fid_domain *)fid;               \
+		const struct fi_ops_mr *ops = ORIG(domain->mr, struct fi_ops_mr);   \
+		uint64_t t0 = st_tsc();                                             \
+		int top = st_enter();                                               \
+		int ret = ops->slot args;                                           \
+		st_leave();                                                         \
+		if (top && ret == 0 && (valid))                                     \
+			record_mr(t0, *mr, addr, len);                              \
+		return ret;                                                         \
+	}
+
+/* Objects created while a wrapper already runs (a utility provider opening
+ * core objects underneath) are not patched: top is 0 there. */
+#define ST_OFI_OPEN(self, slot, params, args, created, patch)                            \
+	static int self##_##slot params                                                  \
+	{                                                                                \
+		const struct fi_ops_##self *ops = ORIG(self->ops, struct fi_ops_##self); \
+		int top = st_enter();                                                    \
+		int ret = ops->slot args;                                                \
+		st_leave();                                                              \
+		if (top && ret == 0 && (created)) {                                      \
+			int saved = errno;                                               \
+			patch;                                                           \
+			errno = saved;                                                   \
+		}                                                                        \
+		return ret;                                                              \
+	}
+
+#include "ofi_ops.def"
+
+/* ---- patching ---------------------------------------------------------------------------- */
+
+/* Copy *slot_ptr (a table of `type`), put wrappers in (the SET rows between
+ * BEGIN and END), install.  A table shorter than ours (an older provider;
+ * its size field says so) gets the rest zeroed: those slots stay empty. */
+#define PATCH_BEGIN(slot_ptr, type, owner)                                         \
+	do {                                                                       \
+		type *orig = *(slot_ptr);                                          \
+		if (orig && !st_optable_ours(orig)) {                              \
+			size_t size = sizeof(type);                                \
+			if (orig->size && orig->size < size)                       \
+				size = orig->size;                                 \
+			type *copy = st_optable_copy(orig, sizeof(type), (owner)); \
+			if (copy) {                                                \
+				if (size < sizeof(type))                           \
+					memset((char *)copy + size, 0, sizeof(type) - size);
+#define PATCH_END(slot_ptr)                                           \
+				st_optable_install((slot_ptr), copy); \
+			}                                             \
+		}                                                     \
+	} while (0)
+#define PATCH(slot_ptr, type, owner, body) \
+	PATCH_BEGIN(slot_ptr, type, owner) body; PATCH_END(slot_ptr)
+/* a slot the provider left empty stays empty */
+#define SET(slot, wrapper) \
+	if (orig->slot)    \
+	copy->slot = wrapper
+
+static void patch_ep_tables(struct fid_ep *ep, struct ofi_obj *state)
 {
-	struct fid_domain *d = (struct fid_domain *)fid;
-	const struct fi_ops_mr *o = ORIG(d->mr, struct fi_ops_mr);
-	uint64_t t0 = st_tsc();
-	int top = st_enter();
-	int r = o->reg(fid, buf, len, access, offset, requested_key, flags, mr, ctx);
-	st_leave();
-	if (top && r == 0)
-		record_mr(t0, *mr, buf, len);
-	return r;
+#define ST_OFI_EP_TABLE(table, index) PATCH_BEGIN(&ep->table, struct fi_ops_##table, state)
+#define ST_OFI_EP_OP(table, slot, ...) SET(slot, ep_##table##_##slot);
+#define ST_OFI_EP_TABLE_END(table, index) \
+	state->installed[index] = copy;   \
+	PATCH_END(&ep->table);
+#include "ofi_ops.def"
 }
 
-static int mr_regv(struct fid *fid, const struct iovec *iov, size_t count, uint64_t access, uint64_t offset,
-		   uint64_t requested_key, uint64_t flags, struct fid_mr **mr, void *ctx)
+/* fi_enable (fi_control(FI_ENABLE)) is where some providers pick their data
+ * path tables: patch again whatever changed. */
+static int ep_control(struct fid *fid, int command, void *arg)
 {
-	struct fid_domain *d = (struct fid_domain *)fid;
-	const struct fi_ops_mr *o = ORIG(d->mr, struct fi_ops_mr);
-	uint64_t t0 = st_tsc();
+	const struct fi_ops *ops = ORIG(fid->ops, struct fi_ops);
+	struct ofi_obj *state = OWNER(fid->ops);
 	int top = st_enter();
-	int r = o->regv(fid, iov, count, access, offset, requested_key, flags, mr, ctx);
+	int ret = ops->control(fid, command, arg);
 	st_leave();
-	if (top && r == 0)
-		record_mr(t0, *mr, count ? iov[0].iov_base : NULL, iov_bytes(iov, count));
-	return r;
-}
-
-static int mr_regattr(struct fid *fid, const struct fi_mr_attr *attr, uint64_t flags, struct fid_mr **mr)
-{
-	struct fid_domain *d = (struct fid_domain *)fid;
-	const struct fi_ops_mr *o = ORIG(d->mr, struct fi_ops_mr);
-	uint64_t t0 = st_tsc();
-	int top = st_enter();
-	int r = o->regattr(fid, attr, flags, mr);
-	st_leave();
-	if (top && r == 0 && attr)
-		record_mr(t0, *mr, attr->iov_count ? attr->mr_iov[0].iov_base : NULL,
-			  iov_bytes(attr->mr_iov, attr->iov_count));
-	return r;
-}
-
-/* ---- domain ops ------------------------------------------------------------------------------ */
-
-static int d_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av, void *ctx)
-{
-	const struct fi_ops_domain *o = ORIG(domain->ops, struct fi_ops_domain);
-	struct ofi_obj *ds = OWNER(domain->ops);
-	int top = st_enter();
-	int r = o->av_open(domain, attr, av, ctx);
-	st_leave();
-	if (top && r == 0 && *av) {
+	if (top && command == FI_ENABLE && ret == 0) {
 		int saved = errno;
-		struct ofi_obj *s = obj_new();
-		if (s) {
-			s->addr_format = ds->addr_format;
-			s->addrlen = ds->addrlen;
-			PATCH(&(*av)->ops, struct fi_ops_av, s, { SET(insert, v_insert); });
+		patch_ep_tables((struct fid_ep *)fid, state); /* fid is the first member */
+		errno = saved;
+	}
+	return ret;
+}
+
+static void patch_ep(struct fid_ep *ep, const struct fi_info *info)
+{
+	struct ofi_obj *state = obj_new();
+	if (!state)
+		return;
+	state->connected = info && info->ep_attr && info->ep_attr->type == FI_EP_MSG;
+	record_create(ST_EV_OFI_ENDPOINT, state->id, info, NULL, 0);
+	PATCH(&ep->fid.ops, struct fi_ops, state, { SET(control, ep_control); });
+	patch_ep_tables(ep, state);
+}
+
+/* ---- CQ / AV / domain ------------------------------------------------------------------ */
+
+static size_t cq_stride(enum fi_cq_format f)
+{
+	switch (f) {
+	case FI_CQ_FORMAT_CONTEXT: return sizeof(struct fi_cq_entry);
+	case FI_CQ_FORMAT_MSG: return sizeof(struct fi_cq_msg_entry);
+	case FI_CQ_FORMAT_DATA: return sizeof(struct fi_cq_data_entry);
+	case FI_CQ_FORMAT_TAGGED: return sizeof(struct fi_cq_tagged_entry);
+	default: return 0;
+	}
+}
+
+static void patch_cq(struct fid_cq *cq, const struct fi_cq_attr *attr)
+{
+	struct ofi_obj *state = obj_new();
+	if (!state)
+		return;
+	state->cq_format = attr ? (int)attr->format : FI_CQ_FORMAT_UNSPEC;
+	state->cq_stride = attr ? cq_stride(attr->format) : 0;
+	{
+		int saved = errno;
+		char buf[256];
+		struct st_json j;
+		st_json_begin_object(&j, buf, sizeof(buf));
+		st_json_uint(&j, "id", state->id);
+		st_json_int(&j, "format", state->cq_format);
+		st_json_uint(&j, "size", attr ? attr->size : 0);
+		st_json_close(&j, '}');
+		st_ev(ST_EV_OFI_CQ_OPEN, 0, state->id, st_side_json(buf, j.len));
+		errno = saved;
+	}
+	/* Simple mode omits polling: the CQ keeps its own table, zero cost. */
+	if (st_cfg.mode == ST_MODE_SIMPLE)
+		return;
+	PATCH_BEGIN(&cq->ops, struct fi_ops_cq, state)
+#define ST_OFI_CQ_READ(slot, params, args) SET(slot, cq_##slot);
+#include "ofi_ops.def"
+	PATCH_END(&cq->ops);
+}
+
+static int av_insert(struct fid_av *av, const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *ctx)
+{
+	const struct fi_ops_av *ops = ORIG(av->ops, struct fi_ops_av);
+	struct ofi_obj *state = OWNER(av->ops);
+	int top = st_enter();
+	int ret = ops->insert(av, addr, count, fi_addr, flags, ctx);
+	st_leave();
+	if (!top)
+		return ret;
+	int saved = errno;
+	char buf[8192];
+	struct st_json j;
+	st_json_begin_object(&j, buf, sizeof(buf));
+	st_json_uint(&j, "av", state->id);
+	st_json_uint(&j, "count", count);
+	st_json_int(&j, "ret", ret);
+	st_json_uint(&j, "addr_format", state->addr_format);
+	size_t shown = count < 64 ? count : 64;
+	st_json_open(&j, "addrs", '[');
+	for (size_t i = 0; addr && state->addrlen && i < shown; i++)
+		st_json_sockaddr(&j, NULL, (const char *)addr + i * state->addrlen, state->addrlen);
+	st_json_close(&j, ']');
+	st_json_open(&j, "fi_addrs", '[');
+	for (size_t i = 0; fi_addr && ret > 0 && i < shown && i < (size_t)ret; i++)
+		st_json_uint(&j, NULL, fi_addr[i]);
+	st_json_close(&j, ']');
+	st_json_close(&j, '}');
+	uint64_t sid = j.overflow ? 0 : st_side_json(buf, j.len);
+	st_ev(ST_EV_OFI_AV_INSERT, (uint16_t)(ret > 0 ? (ret > 0xffff ? 0xffff : ret) : 0), state->id, sid);
+	errno = saved;
+	return ret;
+}
+
+static int domain_av_open(struct fid_domain *domain, struct fi_av_attr *attr, struct fid_av **av, void *ctx)
+{
+	const struct fi_ops_domain *ops = ORIG(domain->ops, struct fi_ops_domain);
+	struct ofi_obj *domain_state = OWNER(domain->ops);
+	int top = st_enter();
+	int ret = ops->av_open(domain, attr, av, ctx);
+	st_leave();
+	if (top && ret == 0 && *av) {
+		int saved = errno;
+		struct ofi_obj *state = obj_new();
+		if (state) {
+			state->addr_format = domain_state->addr_format;
+			state->addrlen = domain_state->addrlen;
+			PATCH(&(*av)->ops, struct fi_ops_av, state, { SET(insert, av_insert); });
 		}
 		errno = saved;
 	}
-	return r;
-}
-
-static int d_cq_open(struct fid_domain *domain, struct fi_cq_attr *attr, struct fid_cq **cq, void *ctx)
-{
-	const struct fi_ops_domain *o = ORIG(domain->ops, struct fi_ops_domain);
-	int top = st_enter();
-	int r = o->cq_open(domain, attr, cq, ctx);
-	st_leave();
-	if (top && r == 0 && *cq) {
-		int saved = errno;
-		patch_cq(*cq, attr);
-		errno = saved;
-	}
-	return r;
-}
-
-static int d_endpoint(struct fid_domain *domain, struct fi_info *info, struct fid_ep **ep, void *ctx)
-{
-	const struct fi_ops_domain *o = ORIG(domain->ops, struct fi_ops_domain);
-	int top = st_enter();
-	int r = o->endpoint(domain, info, ep, ctx);
-	st_leave();
-	if (top && r == 0 && *ep) {
-		int saved = errno;
-		patch_ep(*ep, info);
-		errno = saved;
-	}
-	return r;
+	return ret;
 }
 
 static void patch_domain(struct fid_domain *dom, const struct fi_info *info)
 {
-	struct ofi_obj *s = obj_new();
-	if (!s)
+	struct ofi_obj *state = obj_new();
+	if (!state)
 		return;
-	s->addr_format = info ? info->addr_format : 0;
-	s->addrlen = info ? (info->src_addrlen ? info->src_addrlen : info->dest_addrlen) : 0;
-	record_create(ST_EV_OFI_DOMAIN, s->id, info, NULL, 0);
-	PATCH(&dom->ops, struct fi_ops_domain, s, {
-		SET(av_open, d_av_open); SET(cq_open, d_cq_open); SET(endpoint, d_endpoint);
+	state->addr_format = info ? info->addr_format : 0;
+	state->addrlen = info ? (info->src_addrlen ? info->src_addrlen : info->dest_addrlen) : 0;
+	record_create(ST_EV_OFI_DOMAIN, state->id, info, NULL, 0);
+	PATCH(&dom->ops, struct fi_ops_domain, state, {
+		SET(av_open, domain_av_open); SET(cq_open, domain_cq_open); SET(endpoint, domain_endpoint);
 	});
-	PATCH(&dom->mr, struct fi_ops_mr, s, { SET(reg, mr_reg); SET(regv, mr_regv); SET(regattr, mr_regattr); });
-}
-
-/* ---- fabric ops -------------------------------------------------------------------------------- */
-
-static int f_domain(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **dom, void *ctx)
-{
-	const struct fi_ops_fabric *o = ORIG(fabric->ops, struct fi_ops_fabric);
-	int top = st_enter();
-	int r = o->domain(fabric, info, dom, ctx);
-	st_leave();
-	if (top && r == 0 && *dom) {
-		int saved = errno;
-		patch_domain(*dom, info);
-		errno = saved;
-	}
-	return r;
-}
-
-static int f_domain2(struct fid_fabric *fabric, struct fi_info *info, struct fid_domain **dom, uint64_t flags,
-		     void *ctx)
-{
-	const struct fi_ops_fabric *o = ORIG(fabric->ops, struct fi_ops_fabric);
-	int top = st_enter();
-	int r = o->domain2(fabric, info, dom, flags, ctx);
-	st_leave();
-	if (top && r == 0 && *dom) {
-		int saved = errno;
-		patch_domain(*dom, info);
-		errno = saved;
-	}
-	return r;
+	PATCH_BEGIN(&dom->mr, struct fi_ops_mr, state)
+#define ST_OFI_MR_REG(slot, params, args, valid, addr, len) SET(slot, mr_##slot);
+#include "ofi_ops.def"
+	PATCH_END(&dom->mr);
 }
 
 /* ---- the exported entry point ---------------------------------------------------------------------- */
@@ -849,34 +490,30 @@ ST_EXPORT int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
 	if (!st_provider_on(ST_PROV_OFI) || st_tls_depth)
 		return real_fi_fabric(attr, fabric, context);
 	int top = st_enter();
-	int r = real_fi_fabric(attr, fabric, context);
+	int ret = real_fi_fabric(attr, fabric, context);
 	st_leave();
-	if (top && r == 0 && *fabric) {
+	if (top && ret == 0 && *fabric) {
 		int saved = errno;
-		struct ofi_obj *s = obj_new();
-		if (s) {
+		struct ofi_obj *state = obj_new();
+		if (state) {
 			char buf[512];
 			struct st_json j;
-			st_json_init(&j, buf, sizeof(buf));
-			st_json_open(&j, NULL, '{');
-			st_json_uint(&j, "id", s->id);
+			st_json_begin_object(&j, buf, sizeof(buf));
+			st_json_uint(&j, "id", state->id);
 			st_json_str(&j, "provider", attr ? attr->prov_name : NULL);
 			st_json_str(&j, "name", attr ? attr->name : NULL);
 			st_json_hex(&j, "prov_version", attr ? attr->prov_version : 0);
 			st_json_close(&j, '}');
-			st_ev(ST_EV_OFI_FABRIC, 0, s->id, st_side_json(buf, j.len));
-			PATCH(&(*fabric)->ops, struct fi_ops_fabric, s, { SET(domain, f_domain); SET(domain2, f_domain2); });
+			st_ev(ST_EV_OFI_FABRIC, 0, state->id, st_side_json(buf, j.len));
+			PATCH(&(*fabric)->ops, struct fi_ops_fabric, state, { SET(domain, fabric_domain); SET(domain2, fabric_domain2); });
 		}
 		errno = saved;
 	}
-	return r;
+	return ret;
 }
 
 static const struct st_hook ofi_hooks[] = {
 	{"fi_fabric", (void *)fi_fabric, (void **)&real_fi_fabric, ST_PROV_OFI},
 };
 
-__attribute__((constructor(200))) static void ofi_init(void)
-{
-	st_hooks_register(ofi_hooks, sizeof(ofi_hooks) / sizeof(ofi_hooks[0]));
-}
+ST_HOOKS_CONSTRUCTOR(200, ofi_hooks)
