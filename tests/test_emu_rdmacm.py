@@ -10,17 +10,19 @@ once connected, disconnect, the UD/SIDR handshake); fi_info and fi_pingpong
 test has its own fabric; every wait is bounded and processes are always
 killed.  Build first: cmake -S native -B build/dev && cmake --build build/dev -j2
 """
+import functools
 import os
 import shutil
 import signal
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from native_util import EMU_DIR, emu_env, finish, free_port, needs_emu, popen, reaped
+from native_util import EMU_DIR, cleanup_fabric, emu_env, finish, free_port, needs_emu, popen, reaped
 from sigmatrace import _native
 
 pytestmark = pytest.mark.sim
@@ -160,12 +162,13 @@ def test_in_process_checks(fabric):
     EADDRINUSE), ephemeral ports, channel fd readable/EAGAIN, rdma_migrate_id,
     rdma_init_qp_attr, calls in the wrong state (EINVAL), the 56-byte REQ
     private data limit, a loopback connection (private data, swapped depths,
-    QPs in RTS, a SEND) and a sync connect to no listener (ECONNREFUSED)."""
+    QPs in RTS, a SEND), a sync connect to no listener (ECONNREFUSED) and the
+    synchronous endpoint API (rdma_create_ep, rdma_get_request, rdma_destroy_ep)."""
     r = subprocess.run([str(CM_CLIENT), "checks"], env=emu_env(fabric, 3), capture_output=True, text=True, timeout=60)
     out = r.stdout.splitlines()
     assert r.returncode == 0 and out[-1] == "RESULT OK", r.stdout + r.stderr
     for key in ("API_STATE_ERRORS ok", "CHANNEL_SEMANTICS ok", "PDATA_LIMIT ok max=56", "LOOPBACK_CONNECTION ok",
-                "DISCONNECT ok", "SYNC_NO_LISTENER ok"):
+                "DISCONNECT ok", "SYNC_NO_LISTENER ok", "ENDPOINTS ok"):
         assert key in out
     assert fields(line(out, "DEVICES")) == {"n": "1", "name": "mlx5_0"}
 
@@ -332,6 +335,38 @@ def test_ud_sidr_handshake(fabric):
     assert est["qp_num"] == "0x5678" and est["qkey"] == "0x1234567" and est["dlid"] == "1"
 
 
+@functools.lru_cache(maxsize=None)
+def emu_has_ud():
+    """The emulated HCA creates UD QPs (emu_cm_client ud-probe)."""
+    name = "udprobe" + uuid.uuid4().hex[:8]
+    try:
+        probe = subprocess.run([str(CM_CLIENT), "ud-probe"], env=emu_env(name, 9), capture_output=True, text=True,
+                               timeout=30)
+    finally:
+        cleanup_fabric(name)
+    return "UD_PROBE ok" in probe.stdout
+
+
+@needs_emu
+@needs_cm
+def test_ud_qps_through_sidr(fabric):
+    """UD QPs on RDMA_PS_UDP ids: rdma_create_qp takes them to RTS with the CM's
+    qkey; the SIDR reply's ah_attr/qp_num/qkey address one datagram."""
+    if not emu_has_ud():
+        pytest.skip("the emulated HCA has no UD QPs (ibv_create_qp(IBV_QPT_UD) fails)")
+    port = free_port()
+    srv, sout = start_server(fabric, port, "--ud-qp")
+    with reaped(srv):
+        rc, out, err = run_client(fabric, "--port", str(port), "--ud-qp")
+        src, sl = sout.finish()
+    assert rc == 0 and src == 0, "\n".join(out + sl) + err
+    client_qp = fields(line(out, "UD_SEND"))["qp_num"]
+    est = fields(line(out, "ESTABLISHED"))
+    assert est["qp_num"] == fields(line(sl, "ACCEPTED"))["qp_num"] and est["qkey"] == "0x1234567"
+    assert fields(line(sl, "REQ"))["qp_num"] == client_qp
+    assert fields(line(sl, "UD_RECV")) == {"payload": "ud-ping", "src_qp": client_qp, "slid": "2"}
+
+
 # ---------------------------------------------------------------------------
 # real programs: perftest in rdma_cm mode, libfabric's verbs provider
 
@@ -357,18 +392,25 @@ def pair(fabric, server_argv, client_argv, timeout=40, attempts=3, server_env=No
     pytest.fail("could not get a free port")
 
 
+PERFTEST = [("ib_send_bw", "RC", ["-s", "4096"]), ("ib_read_lat", "RC", []), ("ib_send_bw", "UD", ["-s", "1024"])]
+
+
 @needs_emu
 @needs_cm
-@pytest.mark.skipif(shutil.which("ib_send_bw") is None, reason="perftest not installed")
-def test_perftest_rdma_cm_mode(fabric):
-    """perftest's -R (connection setup through rdma_cm) between two nodes."""
-    (src, sout), (crc, cout) = pair(fabric, lambda p: ["ib_send_bw", "-R", "-p", str(p), "-n", "50", "-s", "4096"],
-                                    lambda p: ["ib_send_bw", "-R", "-p", str(p), "-n", "50", "-s", "4096",
-                                               "127.0.0.1"])
+@pytest.mark.parametrize("prog,conn,extra", PERFTEST, ids=[f"{p}-{c}" for p, c, _ in PERFTEST])
+def test_perftest_rdma_cm_mode(fabric, prog, conn, extra):
+    """perftest's -R: connection setup (and, for UD, the address handle) through rdma_cm."""
+    if shutil.which(prog) is None:
+        pytest.skip(f"{prog} (perftest) not installed")
+    if conn == "UD" and not emu_has_ud():
+        pytest.skip("the emulated HCA has no UD QPs (ibv_create_qp(IBV_QPT_UD) fails)")
+    args = ["-R", "-c", conn, "-n", "50", *extra]
+    (src, sout), (crc, cout) = pair(fabric, lambda p: [prog, *args, "-p", str(p)],
+                                    lambda p: [prog, *args, "-p", str(p), "127.0.0.1"])
     assert src == 0 and crc == 0, sout + cout
     assert "rdma_cm QPs\t : ON" in cout and "remote address: LID 0x01" in cout
-    row = [ln.split() for ln in cout.splitlines() if ln.split()[:2] == ["4096", "50"]]
-    assert row, cout
+    rows = [ln.split() for ln in cout.splitlines() if ln.split()[1:2] == ["50"] and ln.split()[0].isdigit()]
+    assert rows, cout
 
 
 def fi_env(fabric, lid, **extra):
@@ -461,10 +503,10 @@ def test_fi_pingpong_verbs(fabric, prov, ep, size, iters):
 @needs_emu
 @needs_cm
 @needs_fi
-def test_fi_pingpong_rxd_needs_ud(fabric):
+def test_fi_pingpong_rxd(fabric):
     """verbs;ofi_rxd runs over verbs DGRAM endpoints (UD QPs and address
-    handles).  Runs once the emulated HCA has them; skipped with the reason
-    until then."""
+    handles, no rdma_cm connections); skipped with the reason on an emulated
+    HCA without them."""
     r = subprocess.run([FI_INFO, "-p", "verbs", "-t", "FI_EP_DGRAM"], env=fi_env(fabric, 1), capture_output=True,
                        text=True, timeout=30)
     if r.returncode != 0 or "FI_EP_DGRAM" not in r.stdout:

@@ -3,28 +3,35 @@
  * drives them.  Plain librdmacm calls; the process's node is
  * SIGMATRACE_EMU_LID and owns 127.0.<LID/256>.<LID%256>.
  *
- *   emu_cm_client server --port P [--ud] [--reject] [--hold] [--hold-established]
+ *   emu_cm_client server --port P [--ud | --ud-qp] [--reject] [--hold] [--hold-established]
  *                        [--defer-accept-ms N] [--count N]
  *       listens on 0.0.0.0:P; for each connect request prints its private
  *       data, then accepts with private data "welcome-from-server" (RC: with
  *       a QP, a SEND/RECV exchange once ESTABLISHED), rejects with "go-away"
  *       (--reject), or sleeps (--hold, for the test to kill it); waits for
- *       DISCONNECTED.  --hold-established sleeps after the exchange.
- *   emu_cm_client client --addr A --port P [--ud] [--sync] [--timeout-ms T]
+ *       DISCONNECTED.  --hold-established sleeps after the exchange.  --ud:
+ *       RDMA_PS_UDP ids, SIDR handshake with QP numbers only; --ud-qp: with UD
+ *       QPs, and one datagram client -> server through an AH made from the
+ *       SIDR reply's ah_attr.
+ *   emu_cm_client client --addr A --port P [--ud | --ud-qp] [--sync] [--timeout-ms T]
  *                        [--disconnect | --wait-disconnect] [--pdata-len N]
  *       resolves A, connects with private data "hello-from-client" and prints
  *       what comes back: ESTABLISHED (+ exchange), REJECTED, UNREACHABLE,
  *       ADDR_ERROR; --sync uses ids without a channel (blocking calls).
+ *   emu_cm_client ud-probe
+ *       prints "UD_PROBE ok" when the emulated HCA makes UD QPs.
  *   emu_cm_client checks
  *       in one process: API checks (getaddrinfo, bind errors, ports, event
  *       channel fd semantics, migrate, init_qp_attr, parameter errors) and a
- *       loopback connection with private data and a SEND each way.
+ *       loopback connection with private data and a SEND each way; the
+ *       synchronous endpoint API (rdma_create_ep, rdma_get_request).
  * Output: one "KEY field=value ..." line per observation, then "RESULT OK"
  * or "RESULT FAIL ...".  Every wait is bounded. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -126,6 +133,59 @@ static void make_qp(struct rdma_cm_id *id, struct conn *c)
 		DIE("ibv_post_recv");
 }
 
+/* A UD QP on a PS_UDP id: rdma_create_qp takes it to RTS with the CM's qkey. */
+static void make_ud_qp(struct rdma_cm_id *id, struct conn *c)
+{
+	struct ibv_qp_init_attr ia = { .qp_type = IBV_QPT_UD, .sq_sig_all = 1,
+				       .cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 } };
+	if (rdma_create_qp(id, NULL, &ia))
+		DIE("rdma_create_qp(UD): %s", strerror(errno));
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	ibv_query_qp(id->qp, &qa, IBV_QP_STATE | IBV_QP_QKEY, &qi);
+	EXPECT(qa.qp_state == IBV_QPS_RTS && qa.qkey == RDMA_UDP_QKEY, "UD QP state %d qkey 0x%x", qa.qp_state, qa.qkey);
+	c->buf = calloc(1, 4096);
+	c->mr = ibv_reg_mr(id->pd, c->buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	if (!c->mr)
+		DIE("ibv_reg_mr: %s", strerror(errno));
+	struct ibv_sge sg = { .addr = (uintptr_t)c->buf + 2048, .length = 2048, .lkey = c->mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = 1, .sg_list = &sg, .num_sge = 1 }, *bad;
+	if (ibv_post_recv(id->qp, &wr, &bad))
+		DIE("ibv_post_recv");
+}
+
+static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc, int ms);
+
+/* The UD datagram of the SIDR-connected pair: the server receives it (after the
+ * 40-byte GRH area) from the client's QP. */
+static void ud_recv(struct rdma_cm_id *id, struct conn *c)
+{
+	struct ibv_wc wc;
+	if (!poll_one(id->recv_cq, &wc, WAIT_MS) || wc.status != IBV_WC_SUCCESS)
+		DIE("UD receive: %s", ibv_wc_status_str(wc.status));
+	EXPECT(!strcmp(c->buf + 2048 + 40, "ud-ping"), "UD payload '%s'", c->buf + 2048 + 40);
+	OUT("UD_RECV ok payload=%s src_qp=0x%x slid=%u", c->buf + 2048 + 40, wc.src_qp, wc.slid);
+}
+
+static void ud_send(struct rdma_cm_id *id, struct conn *c, struct rdma_ud_param *u)
+{
+	struct ibv_ah *ah = ibv_create_ah(id->pd, &u->ah_attr);
+	if (!ah)
+		DIE("ibv_create_ah: %s", strerror(errno));
+	snprintf(c->buf, 64, "ud-ping");
+	struct ibv_sge sg = { .addr = (uintptr_t)c->buf, .length = 8, .lkey = c->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 4, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .wr.ud = { .ah = ah, .remote_qpn = u->qp_num, .remote_qkey = u->qkey } }, *bad;
+	struct ibv_wc wc;
+	if (ibv_post_send(id->qp, &wr, &bad))
+		DIE("ibv_post_send(UD): %s", strerror(errno));
+	if (!poll_one(id->send_cq, &wc, WAIT_MS) || wc.status != IBV_WC_SUCCESS)
+		DIE("UD send completion: %s", ibv_wc_status_str(wc.status));
+	OUT("UD_SEND ok qp_num=0x%x", id->qp->qp_num);
+	ibv_destroy_ah(ah);
+}
+
 static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc, int ms)
 {
 	struct timespec t0, t;
@@ -178,7 +238,7 @@ static void destroy_conn(struct rdma_cm_id *id, struct conn *c)
 /* ---- server ------------------------------------------------------------------------ */
 struct opts {
 	const char *addr;
-	int port, ud, sync, timeout_ms, reject, hold, hold_established, defer_ms, count, disconnect, wait_disconnect;
+	int port, ud, ud_qp, sync, timeout_ms, reject, hold, hold_established, defer_ms, count, disconnect, wait_disconnect;
 	int pdata_len;
 };
 
@@ -262,7 +322,9 @@ static int server(const struct opts *o)
 			struct rdma_conn_param cp = { .private_data = SERVER_PDATA, .private_data_len = sizeof SERVER_PDATA,
 						      .responder_resources = RDMA_MAX_RESP_RES,
 						      .initiator_depth = RDMA_MAX_INIT_DEPTH, .rnr_retry_count = 7 };
-			if (o->ud)
+			if (o->ud_qp)
+				make_ud_qp(child, &c);
+			else if (o->ud)
 				cp.qp_num = 0x5678;   /* SIDR: no QP needed for the handshake */
 			else
 				make_qp(child, &c);
@@ -275,7 +337,11 @@ static int server(const struct opts *o)
 				break;
 			}
 			if (o->ud) {
-				OUT("ACCEPTED ud=1");
+				OUT("ACCEPTED ud=1 qp_num=0x%x", child->qp ? child->qp->qp_num : cp.qp_num);
+				if (o->ud_qp)
+					ud_recv(child, &c);
+				destroy_conn(child, &c);
+				memset(&c, 0, sizeof c);
 				rdma_destroy_id(child);
 				child = NULL;
 				done++;
@@ -335,6 +401,8 @@ static void client_established(struct rdma_cm_id *id, struct rdma_cm_event *ev, 
 		pdata_str(u->private_data, u->private_data_len, s, sizeof s);
 		OUT("ESTABLISHED side=client ud=1 pdata_len=%d pdata=%s qp_num=0x%x qkey=0x%x dlid=%u", u->private_data_len,
 		    s, u->qp_num, u->qkey, u->ah_attr.dlid);
+		if (o->ud_qp)
+			ud_send(id, c, u);
 		return;
 	}
 	struct rdma_conn_param *p = &ev->param.conn;
@@ -392,7 +460,9 @@ static int client(const struct opts *o)
 	    id->route.num_paths ? ntohs(id->route.path_rec->dlid) : 0);
 
 	struct conn c = { 0 };
-	if (!o->ud)
+	if (o->ud_qp)
+		make_ud_qp(id, &c);
+	else if (!o->ud)
 		make_qp(id, &c);
 	char pd[256];
 	memset(pd, 0, sizeof pd);
@@ -401,7 +471,7 @@ static int client(const struct opts *o)
 				      .private_data_len = (uint8_t)(o->pdata_len ? o->pdata_len : (int)sizeof CLIENT_PDATA),
 				      .responder_resources = RDMA_MAX_RESP_RES, .initiator_depth = RDMA_MAX_INIT_DEPTH,
 				      .retry_count = 7, .rnr_retry_count = 7 };
-	if (o->ud)
+	if (o->ud && !o->ud_qp)
 		cp.qp_num = 0x1234;
 	r = rdma_connect(id, &cp);
 	if (r && !o->sync) {
@@ -681,10 +751,95 @@ static void checks_loopback(void)
 	rdma_destroy_event_channel(ch);
 }
 
+/* rdma_create_ep / rdma_get_request: the synchronous endpoint API (the
+ * passive side in a thread: every call blocks until its event). */
+struct ep_server { struct rdma_cm_id *listen; int rc; char pdata[64]; };
+
+static void *ep_server_main(void *arg)
+{
+	struct ep_server *s = arg;
+	struct rdma_cm_id *id;
+	s->rc = -1;
+	if (rdma_get_request(s->listen, &id)) {
+		printf("FAIL rdma_get_request: %s\n", strerror(errno));
+		return NULL;
+	}
+	pdata_str(id->event->param.conn.private_data, id->event->param.conn.private_data_len, s->pdata,
+		  sizeof s->pdata);
+	struct rdma_conn_param cp = { .private_data = SERVER_PDATA, .private_data_len = sizeof SERVER_PDATA,
+				      .responder_resources = 1, .initiator_depth = 1, .rnr_retry_count = 7 };
+	if (!id->qp || rdma_accept(id, &cp)) {   /* the QP comes from the listener's rdma_create_ep */
+		printf("FAIL accept on the request (qp %p): %s\n", (void *)id->qp, strerror(errno));
+		rdma_destroy_ep(id);
+		return NULL;
+	}
+	/* the client disconnects: a synchronous id reads DISCONNECTED in rdma_disconnect */
+	s->rc = rdma_disconnect(id);
+	rdma_destroy_ep(id);
+	return NULL;
+}
+
+static void checks_endpoints(void)
+{
+	char me[32], port[16];
+	own_loopback(me, sizeof me);
+	struct rdma_addrinfo hints = { .ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP }, *res;
+	EXPECT(rdma_getaddrinfo(me, "0", &hints, &res) == 0, "getaddrinfo passive");
+	struct ibv_qp_init_attr attr = { .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
+					 .cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ep_server srv = { 0 };
+	EXPECT(rdma_create_ep(&srv.listen, res, NULL, &attr) == 0 && rdma_listen(srv.listen, 2) == 0, "passive ep: %s",
+	       strerror(errno));
+	rdma_freeaddrinfo(res);
+	snprintf(port, sizeof port, "%u", ntohs(rdma_get_src_port(srv.listen)));
+	pthread_t t;
+	pthread_create(&t, NULL, ep_server_main, &srv);
+	struct rdma_addrinfo h2 = { .ai_port_space = RDMA_PS_TCP };
+	res = NULL;
+	EXPECT(rdma_getaddrinfo(me, port, &h2, &res) == 0, "getaddrinfo active");
+	struct rdma_cm_id *cl = NULL;
+	EXPECT(res && rdma_create_ep(&cl, res, NULL, &attr) == 0 && cl->qp, "active ep: %s", strerror(errno));
+	rdma_freeaddrinfo(res);
+	struct rdma_conn_param cp = { .private_data = CLIENT_PDATA, .private_data_len = sizeof CLIENT_PDATA,
+				      .responder_resources = 1, .initiator_depth = 1, .retry_count = 7, .rnr_retry_count = 7 };
+	EXPECT(cl && rdma_connect(cl, &cp) == 0 && cl->event && cl->event->event == RDMA_CM_EVENT_ESTABLISHED &&
+		       !strcmp(cl->event->param.conn.private_data, SERVER_PDATA), "sync connect: %s", strerror(errno));
+	EXPECT(cl && rdma_disconnect(cl) == 0 && cl->event && cl->event->event == RDMA_CM_EVENT_DISCONNECTED,
+	       "sync disconnect: %s", strerror(errno));
+	pthread_join(t, NULL);
+	EXPECT(srv.rc == 0 && !strcmp(srv.pdata, CLIENT_PDATA), "passive side rc %d pdata '%s'", srv.rc, srv.pdata);
+	if (cl)
+		rdma_destroy_ep(cl);
+	rdma_destroy_ep(srv.listen);
+	OUT("ENDPOINTS ok");
+}
+
+/* Does the emulated HCA make UD QPs? (tests skip the UD paths when it does not) */
+static int ud_probe(void)
+{
+	char me[32];
+	own_loopback(me, sizeof me);
+	struct rdma_cm_id *id;
+	struct sockaddr_in a = addr_of(me, 0);
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_UDP) || rdma_bind_addr(id, (struct sockaddr *)&a))
+		DIE("UD id: %s", strerror(errno));
+	struct ibv_qp_init_attr ia = { .qp_type = IBV_QPT_UD, .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+								       .max_send_sge = 1, .max_recv_sge = 1 } };
+	if (rdma_create_qp(id, NULL, &ia))
+		OUT("UD_PROBE missing errno=%d", errno);
+	else
+		OUT("UD_PROBE ok");
+	if (id->qp)
+		rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+	return 0;
+}
+
 static int checks(void)
 {
 	checks_api();
 	checks_loopback();
+	checks_endpoints();
 	OUT(fails ? "RESULT FAIL %d" : "RESULT OK", fails);
 	return fails ? 1 : 0;
 }
@@ -705,6 +860,7 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--count") && v) o.count = atoi(argv[++i]);
 		else if (!strcmp(a, "--pdata-len") && v) o.pdata_len = atoi(argv[++i]);
 		else if (!strcmp(a, "--ud")) o.ud = 1;
+		else if (!strcmp(a, "--ud-qp")) o.ud = o.ud_qp = 1;
 		else if (!strcmp(a, "--sync")) o.sync = 1;
 		else if (!strcmp(a, "--reject")) o.reject = 1;
 		else if (!strcmp(a, "--hold")) o.hold = 1;
@@ -719,5 +875,7 @@ int main(int argc, char **argv)
 		return client(&o);
 	if (!strcmp(argv[1], "checks"))
 		return checks();
+	if (!strcmp(argv[1], "ud-probe"))
+		return ud_probe();
 	DIE("unknown mode %s", argv[1]);
 }
