@@ -162,13 +162,15 @@ def test_in_process_checks(fabric):
     EADDRINUSE), ephemeral ports, channel fd readable/EAGAIN, rdma_migrate_id,
     rdma_init_qp_attr, calls in the wrong state (EINVAL), the 56-byte REQ
     private data limit, a loopback connection (private data, swapped depths,
-    QPs in RTS, a SEND), a sync connect to no listener (ECONNREFUSED) and the
-    synchronous endpoint API (rdma_create_ep, rdma_get_request, rdma_destroy_ep)."""
+    QPs in RTS, a SEND), a sync connect to no listener (ECONNREFUSED), AF_IB
+    addresses (the GID, 92 bytes of REQ private data) with the QP-less
+    handshake (CONNECT_RESPONSE, rdma_establish), and the synchronous endpoint
+    API (rdma_create_ep, rdma_get_request, rdma_destroy_ep)."""
     r = subprocess.run([str(CM_CLIENT), "checks"], env=emu_env(fabric, 3), capture_output=True, text=True, timeout=60)
     out = r.stdout.splitlines()
     assert r.returncode == 0 and out[-1] == "RESULT OK", r.stdout + r.stderr
     for key in ("API_STATE_ERRORS ok", "CHANNEL_SEMANTICS ok", "PDATA_LIMIT ok max=56", "LOOPBACK_CONNECTION ok",
-                "DISCONNECT ok", "SYNC_NO_LISTENER ok", "ENDPOINTS ok"):
+                "DISCONNECT ok", "SYNC_NO_LISTENER ok", "AF_IB ok", "ENDPOINTS ok"):
         assert key in out
     assert fields(line(out, "DEVICES")) == {"n": "1", "name": "mlx5_0"}
 

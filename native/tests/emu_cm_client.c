@@ -23,13 +23,17 @@
  *   emu_cm_client checks
  *       in one process: API checks (getaddrinfo, bind errors, ports, event
  *       channel fd semantics, migrate, init_qp_attr, parameter errors) and a
- *       loopback connection with private data and a SEND each way; the
- *       synchronous endpoint API (rdma_create_ep, rdma_get_request).
+ *       loopback connection with private data and a SEND each way; AF_IB
+ *       addresses with the QP-less handshake (CONNECT_RESPONSE,
+ *       rdma_establish); the synchronous endpoint API (rdma_create_ep,
+ *       rdma_get_request).
  * Output: one "KEY field=value ..." line per observation, then "RESULT OK"
  * or "RESULT FAIL ...".  Every wait is bounded. */
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <infiniband/ib.h>
 #include <poll.h>
 #include <pthread.h>
 #include <rdma/rdma_cma.h>
@@ -751,6 +755,63 @@ static void checks_loopback(void)
 	rdma_destroy_event_channel(ch);
 }
 
+/* AF_IB addresses (the node's GID, RDMA_PS_IB) and the QP-less handshake:
+ * CONNECT_RESPONSE, then rdma_establish sends the RTU. */
+static void checks_af_ib(void)
+{
+	int n = 0;
+	struct ibv_context **d = rdma_get_devices(&n);
+	union ibv_gid gid;
+	if (!d || n < 1 || ibv_query_gid(d[0], 1, 0, &gid))
+		DIE("no device/GID");
+	rdma_free_devices(d);
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *l, *a;
+	EXPECT(rdma_create_id(ch, &l, NULL, RDMA_PS_IB) == 0 && rdma_create_id(ch, &a, NULL, RDMA_PS_IB) == 0, "ids");
+	struct sockaddr_ib sib = { .sib_family = AF_IB, .sib_pkey = htobe16(0xffff) };
+	memcpy(sib.sib_addr.sib_raw, gid.raw, 16);
+	sib.sib_sid = htobe64(((uint64_t)RDMA_PS_IB << 16) | 4791);
+	sib.sib_sid_mask = htobe64(RDMA_IB_IP_PS_MASK | RDMA_IB_IP_PORT_MASK);
+	EXPECT(rdma_bind_addr(l, (struct sockaddr *)&sib) == 0 && l->verbs && ntohs(rdma_get_src_port(l)) == 4791 &&
+		       rdma_listen(l, 1) == 0, "AF_IB listen: %s", strerror(errno));
+	EXPECT(rdma_resolve_addr(a, NULL, (struct sockaddr *)&sib, 1000) == 0, "AF_IB resolve");
+	rdma_ack_cm_event(expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	EXPECT(a->route.addr.src_addr.sa_family == AF_IB && a->verbs, "AF_IB source");
+	EXPECT(rdma_resolve_route(a, 1000) == 0, "AF_IB route");
+	rdma_ack_cm_event(expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	char pd[92] = "ib-hello";
+	struct rdma_conn_param cp = { .private_data = pd, .private_data_len = 92, .responder_resources = 1,
+				      .initiator_depth = 1, .qp_num = 0x77, .rnr_retry_count = 7 };
+	EXPECT(rdma_connect(a, &cp) == 0, "AF_IB connect with 92 bytes: %s", strerror(errno));
+	struct rdma_cm_event *ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	struct rdma_cm_id *c = ev->id;
+	EXPECT(ev->param.conn.private_data_len == 92 && !strcmp(ev->param.conn.private_data, "ib-hello") &&
+		       ev->param.conn.qp_num == 0x77 && rdma_get_peer_addr(c)->sa_family == AF_IB, "AF_IB request");
+	rdma_ack_cm_event(ev);
+	struct rdma_conn_param sp = { .responder_resources = 1, .initiator_depth = 1, .qp_num = 0x88 };
+	EXPECT(rdma_accept(c, &sp) == 0, "accept without a QP: %s", strerror(errno));
+	ev = expect_event(ch, RDMA_CM_EVENT_CONNECT_RESPONSE);   /* no QP on the id: no RTU yet */
+	EXPECT(ev->id == a && ev->param.conn.qp_num == 0x88, "CONNECT_RESPONSE");
+	rdma_ack_cm_event(ev);
+	EXPECT(rdma_establish(a) == 0, "rdma_establish: %s", strerror(errno));
+	ev = expect_event(ch, RDMA_CM_EVENT_ESTABLISHED);
+	EXPECT(ev->id == c, "passive ESTABLISHED after rdma_establish");
+	rdma_ack_cm_event(ev);
+	EXPECT(rdma_disconnect(a) == 0, "disconnect");
+	ev = expect_event(ch, RDMA_CM_EVENT_DISCONNECTED);
+	EXPECT(ev->id == c, "DISCONNECTED on the passive side");
+	rdma_ack_cm_event(ev);
+	EXPECT(rdma_disconnect(c) == 0, "answer");
+	ev = expect_event(ch, RDMA_CM_EVENT_DISCONNECTED);
+	EXPECT(ev->id == a && ev->status == 0, "DISCONNECTED on the active side");
+	rdma_ack_cm_event(ev);
+	rdma_destroy_id(c);
+	rdma_destroy_id(a);
+	rdma_destroy_id(l);
+	rdma_destroy_event_channel(ch);
+	OUT("AF_IB ok");
+}
+
 /* rdma_create_ep / rdma_get_request: the synchronous endpoint API (the
  * passive side in a thread: every call blocks until its event). */
 struct ep_server { struct rdma_cm_id *listen; int rc; char pdata[64]; };
@@ -839,6 +900,7 @@ static int checks(void)
 {
 	checks_api();
 	checks_loopback();
+	checks_af_ib();
 	checks_endpoints();
 	OUT(fails ? "RESULT FAIL %d" : "RESULT OK", fails);
 	return fails ? 1 : 0;

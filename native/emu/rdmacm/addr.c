@@ -261,12 +261,7 @@ static int bind_locked(struct cm_id *c, const struct sockaddr *a, int explicit_b
 		 * RDMA device for it (ENODEV); any other: not local (EADDRNOTAVAIL) */
 		return cma_err(host_has_addr(a) ? ENODEV : EADDRNOTAVAIL);
 	}
-	int ps = c->id.ps;
-	if (a->sa_family == AF_IB) {
-		uint64_t sid = be64toh(((const struct sockaddr_ib *)a)->sib_sid);
-		if (sid >> 16)
-			ps = (int)((sid >> 16) & 0xffff);
-	}
+	int ps = c->id.ps;   /* an AF_IB service ID's port space is the id's */
 	uint16_t port = cma_addr_port(a);
 	if (port) {
 		if (port_conflict(c, ps, port, a))

@@ -124,7 +124,7 @@ struct cm_id {
 	int ack_timeout_set;
 	int sock;                     /* the connection's seqpacket socket, -1 */
 	int connected_once;           /* a CM connection was attempted (disconnect is valid) */
-	int qp_err_on_rej;
+	int connect_error;            /* a CONNECT_ERROR was reported: later REJECTED/DISCONNECTED are dropped */
 	struct cm_node peer;
 	uint32_t remote_qpn, remote_psn, remote_qkey, local_psn;
 	uint8_t resp_res, init_depth; /* negotiated as librdmacm does */

@@ -85,7 +85,8 @@ static void drop_conn_request(struct cm_event *e)
 	child->destroyed = 1;
 	child->events_out++;   /* held while its events go */
 	cma_destroy_conn(child);
-	channel_drop(to_cch(child->id.channel), pred_owner, child, NULL);
+	if (child->id.channel)
+		channel_drop(to_cch(child->id.channel), pred_owner, child, NULL);
 	child->events_out--;
 	cma_id_maybe_free(child);
 }
@@ -104,6 +105,16 @@ CMA_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 		return;
 	struct cm_channel *ch = to_cch(channel);
 	pthread_mutex_lock(&cma.lock);
+	/* the ids still on it go with it, as when the kernel releases an rdma_cm
+	 * file: peers are told, listeners stop, ports are released */
+	for (struct cm_id *c = cma.ids; c; c = c->next)
+		if (c->id.channel == channel && !c->destroyed) {
+			cma_destroy_conn(c);
+			c->state = CS_CLOSED;
+			c->bound = 0;
+			c->timer = CT_NONE;
+			c->id.channel = NULL;
+		}
 	channel_drop(ch, pred_all, NULL, drop_conn_request);
 	pthread_mutex_unlock(&cma.lock);
 	close(ch->ch.fd);
@@ -126,6 +137,10 @@ struct cm_event *cma_event_new(struct cm_id *target, struct cm_id *owner, int ty
 
 void cma_event_post(struct cm_event *e)
 {
+	if (!e->owner->id.channel) {   /* its channel was destroyed: nobody can read it */
+		free(e);
+		return;
+	}
 	struct cm_channel *ch = to_cch(e->owner->id.channel);
 	e->owner->events_out++;
 	e->next = NULL;
@@ -165,6 +180,7 @@ static void process_event(struct cm_event *e)
 		if (c->id.qp) {
 			e->ev.status = cma_process_conn_resp(c);
 			e->ev.event = e->ev.status ? RDMA_CM_EVENT_CONNECT_ERROR : RDMA_CM_EVENT_ESTABLISHED;
+			c->connect_error = e->ev.status != 0;
 		}
 		break;
 	case RDMA_CM_EVENT_REJECTED:
@@ -197,6 +213,13 @@ CMA_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma
 		if (!ch->head)
 			ch->tail = NULL;
 		e->next = NULL;
+		if (e->target && e->target->connect_error &&
+		    (e->ev.event == RDMA_CM_EVENT_REJECTED || e->ev.event == RDMA_CM_EVENT_DISCONNECTED)) {
+			/* after a CONNECT_ERROR, librdmacm drops the id's REJECTED/DISCONNECTED */
+			event_free(e);
+			pthread_mutex_unlock(&cma.lock);
+			continue;
+		}
 		process_event(e);
 		CMA_LOG("get_cm_event %s status %d id %p", rdma_event_str(e->ev.event), e->ev.status, (void *)e->ev.id);
 		pthread_mutex_unlock(&cma.lock);
@@ -347,7 +370,8 @@ CMA_EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	c->bound = 0;
 	c->timer = CT_NONE;
 	/* events not yet retrieved go with it (connect requests are rejected) */
-	channel_drop(to_cch(id->channel), pred_owner, c, drop_conn_request);
+	if (id->channel)
+		channel_drop(to_cch(id->channel), pred_owner, c, drop_conn_request);
 	struct rdma_cm_event *last = id->event;
 	id->event = NULL;
 	if (last)
@@ -371,7 +395,13 @@ CMA_EXPORT int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel 
 		pthread_mutex_unlock(&cma.lock);
 		return -1;
 	}
-	struct cm_channel *old = to_cch(id->channel);
+	struct cm_channel *old = id->channel ? to_cch(id->channel) : NULL;
+	if (!old) {   /* its channel was destroyed, and the id with it */
+		if (!channel)
+			close(nw->ch.fd), free(nw);
+		pthread_mutex_unlock(&cma.lock);
+		return cma_err(EINVAL);
+	}
 	/* the id's queued events move with it; their counts on the old fd go stale */
 	struct cm_event **pp = &old->head, *last = NULL;
 	while (*pp) {
