@@ -181,3 +181,48 @@ def test_sigmatrace_run_two_ranks_share_a_directory(tmp_path):
     assert sorted(p.rank for p in cap.processes) == [0, 1]
     assert all(p.header["world_size"] == 2 and p.header["launcher"] == "mpirun" for p in cap.processes)
     assert all(p.header["providers"] == ["ofi"] for p in cap.processes)
+
+
+@needs
+@pytest.mark.parametrize("ep", ["rdm", "msg"])
+def test_every_operation_matched_to_its_peer(tmp_path, ep):
+    """fi_pingpong over tcp, both sides traced: every libfabric operation has its peer process.  An rdm
+    endpoint's fi_info src_addr has port 0; the tracer records the address it is bound to once enabled
+    (a second OFI_ENDPOINT record, "bound": true), which is what the peer's AV holds."""
+    from sigmatrace.correlate import correlate
+    out, (rs, so), (rc, co) = pingpong(tmp_path, "tcp", ep, mode="full")
+    assert rs == 0 and rc == 0, so + co
+    corr = correlate(out, workers=1)
+    ops = corr.tables["ops"]
+    assert len(ops["op_id"]) >= 2 * ITERS
+    assert bool(ops["matched"].all()), corr.stats["unmatched"]
+    assert corr.stats["unmatched"]["libfabric"]["unmatched"] == 0
+    P = corr.tables["processes"]
+    assert set(ops["dst_process"].tolist()) == set(P["process"].tolist())
+
+
+@needs
+def test_unmatched_operations_are_explained(tmp_path):
+    """Only the client traced: its operations cannot be matched, and the report says how many and why."""
+    from sigmatrace.correlate import correlate
+    out = tmp_path / "trace"
+    common = ["-p", "tcp", "-e", "rdm", "-I", str(ITERS), "-S", str(SIZE)]
+    env_cli = dict(os.environ, LD_PRELOAD=str(LIB), SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_MODE="full")
+    env_srv = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    port = free_port()
+    srv = subprocess.Popen([FI_PINGPONG, *common, "-B", str(port)], env=env_srv, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(0.3)
+        cli = subprocess.run([FI_PINGPONG, *common, "-P", str(port), "127.0.0.1"], env=env_cli,
+                             capture_output=True, text=True, timeout=30)
+        srv.communicate(timeout=30)
+    finally:
+        srv.kill()
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    corr = correlate(out, workers=1)
+    u = corr.stats["unmatched"]["libfabric"]
+    assert u["unmatched"] == u["operations"] > 0
+    assert all("no traced endpoint" in r for r in u["reasons"]), u
+    assert any(f"{u['unmatched']} of {u['operations']} libfabric operations are not matched" in w
+               for w in corr.warnings), corr.warnings

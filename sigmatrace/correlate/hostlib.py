@@ -42,6 +42,8 @@ class Peers:
     """(process, endpoint id) -> peer process for UCX and libfabric endpoints, and libfabric fi_addr maps."""
 
     def __init__(self, tables, procs):
+        self.unmatched = {}     # library -> {reason: operations} (filled by op_parts)
+        self.total = {}         # library -> operations
         self.ucx_ep = {}        # (process, ep) -> process
         self.ofi_ep = {}        # (process, ep) -> peer process of a connected endpoint
         self.ofi_fi = {}        # (process, fi_addr) -> process
@@ -101,6 +103,30 @@ class Peers:
         for key, ad in seen.items():
             if ad is not None and ad in uniq:
                 self.ofi_fi[key] = uniq[ad]
+        # what the reasons for an unmatched operation need (why())
+        self._ucx_remote = {(p, int(ep)) for (p, sid), ep in zip(_pairs(e, "side_id"), _col(e, "ep"))
+                            if isinstance(procs[p].side_json.get(sid), dict)
+                            and _hex(procs[p].side_json[sid].get("remote_address_prefix"))}
+        self._ofi_dest = set(dest)
+        self._ofi_fi_known = {k for k, ad in seen.items() if ad is not None}
+        self._ofi_fi_ambiguous = {k for k, ad in seen.items() if ad is None}
+        self._ofi_shared_src = {a for a, s in by_src.items() if len(s) > 1}
+
+    def why(self, library, proc, ep, fi_addr=-1):
+        """Why an operation of (proc, ep[, fi_addr]) has no peer: one short reason."""
+        key = (int(proc), int(ep))
+        if library == "ucx":
+            if key not in self._ucx_remote:
+                return "its endpoint's remote worker address was not recorded"
+            return "the remote worker is not in the capture (peer process not traced or its file missing)"
+        if key in self._ofi_dest:
+            return "its connected endpoint's peer address matches no traced endpoint"
+        fk = (int(proc), int(fi_addr))
+        if fk in self._ofi_fi_ambiguous:
+            return "its fi_addr was given two different addresses by two AVs"
+        if fk not in self._ofi_fi_known:
+            return "its fi_addr came from no recorded fi_av_insert"
+        return "its address names no traced endpoint (peer process not traced, or several share it)"
 
     def _ofi_connected_fallback(self, dest, srcs):
         """Connected endpoints whose dest_addr matches no recorded src_addr exactly.  A msg endpoint's
@@ -201,9 +227,20 @@ def op_parts(tables, peers, src_ucx, src_ofi):
             if src == src_ucx:
                 raddr = t["raddr"] if "raddr" in t else np.zeros(n, np.uint64)
                 dst = peers.ucx(proc, ep)
+                fi = np.full(n, -1, np.int64)
             else:
                 raddr = t["raddr"] if "raddr" in t else np.zeros(n, np.uint64)
-                dst = peers.ofi(proc, ep, t["dest"].astype(np.int64))
+                fi = t["dest"].astype(np.int64)
+                dst = peers.ofi(proc, ep, fi)
+            lib = "ucx" if src == src_ucx else "libfabric"
+            peers.total[lib] = peers.total.get(lib, 0) + n
+            miss = np.flatnonzero(dst < 0)
+            if len(miss):          # why, once per (process, endpoint, fi_addr): the report says it
+                keys, counts = np.unique(np.stack([proc[miss], ep[miss], fi[miss]], 1), axis=0, return_counts=True)
+                reasons = peers.unmatched.setdefault(lib, {})
+                for (p_, e_, f_), c in zip(keys.tolist(), counts.tolist()):
+                    r = peers.why(lib, p_, e_, f_)
+                    reasons[r] = reasons.get(r, 0) + int(c)
             parts.append(dict(
                 source=np.full(n, src, np.int8), process=proc, thread=t["thread"], qp_id=np.full(n, -1, np.int32),
                 tsc=t["tsc"], opcode=codes, bytes=t["bytes"].view(np.int64) if t["bytes"].dtype == np.uint64

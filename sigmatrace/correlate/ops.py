@@ -110,6 +110,42 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records) -> dict:
     return ops
 
 
+def explain_unmatched(out, op_base, topo: Topology):
+    """How many operations have no peer, per library, and why (``out.stats["unmatched"]`` and one warning
+    per library): never a silent ``rank -1``."""
+    res = {}
+    q = np.asarray(op_base["qp_id"]).astype(np.int64)
+    src = np.asarray(op_base["source"]).astype(np.int64)
+    on_qp = q >= 0
+    if on_qp.any():
+        rem = np.where(on_qp, topo.remote[np.maximum(q, 0)] if topo.n else -1, 0)
+        lost = on_qp & (rem < 0)
+        for s_ in np.unique(src[on_qp]).tolist():
+            name = SOURCE_NAMES[int(s_)]
+            total = int((on_qp & (src == s_)).sum())
+            qs, counts = np.unique(q[lost & (src == s_)], return_counts=True)
+            reasons = {}
+            for qq, c in zip(qs.tolist(), counts.tolist()):
+                r = topo.rows()[qq]
+                why = ("the remote QP is not in the capture (peer process not traced or its file missing)"
+                       if r["remote_qpn"] is not None and r["remote_qpn"] >= 0 else
+                       "its QP's connection (modify to RTR / DevX INIT2RTR) was not recorded")
+                reasons[why] = reasons.get(why, 0) + int(c)
+            res[name] = dict(operations=total, unmatched=int(sum(reasons.values())), reasons=reasons)
+    peers = getattr(out, "_peers", None)
+    if peers is not None:
+        for lib, total in peers.total.items():
+            reasons = peers.unmatched.get(lib, {})
+            res[lib] = dict(operations=int(total), unmatched=int(sum(reasons.values())), reasons=reasons)
+    out.stats["unmatched"] = res
+    for lib, d in res.items():
+        if d["unmatched"]:
+            why = "; ".join(f"{n:,} {r}" for r, n in sorted(d["reasons"].items(), key=lambda kv: -kv[1]))
+            out.warnings.append(f"{d['unmatched']:,} of {d['operations']:,} {lib} operation"
+                                f"{'s are' if d['operations'] != 1 else ' is'} not matched to a peer: {why}")
+    return res
+
+
 @dataclass
 class Matches:
     """Matching results: per op its own completion and the peer's receive completion; per completion its op."""

@@ -102,6 +102,7 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
                               records.pop("DB_WQE"))
     memtrace("doorbells/wqes")
     op_base = ops.assemble(out, st, procs, topo, dbs, records)
+    ops.explain_unmatched(out, op_base, topo)
     memtrace("ops built")
     wc = records.pop("IBV_WC")
     m = ops.match(out, op_base, topo, wc)

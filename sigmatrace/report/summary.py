@@ -54,6 +54,7 @@ def build_summary(corr, con=None, perfetto_stats=None):
         "duration_s": float((tr[1] - tr[0]) / 1e9) if n_events and tr else 0.0,
         "operations": int(n_ops),
         "operations_matched": int(ops["matched"].sum()) if n_ops else 0,
+        "unmatched": corr.stats.get("unmatched", {}),   # per library: operations, unmatched, reasons
         "bytes_total": int(ops["bytes"].sum()) if n_ops else 0,
         "by_opcode": _by_opcode(ops["opcode"]) if n_ops else {},
         "doorbells": {

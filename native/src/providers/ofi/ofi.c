@@ -340,6 +340,31 @@ static void patch_ep_tables(struct fid_ep *ep, struct ofi_obj *state)
 #include "ofi_ops.def"
 }
 
+/* The address an endpoint is bound to once enabled (its fi_info's src_addr often has port 0): a second
+ * OFI_ENDPOINT record {"id", "src_addr", "bound": true}, the address its peers put in their AVs, so the
+ * correlator can tell which process an fi_addr names. */
+static void record_bound_name(struct fid_ep *ep, const struct ofi_obj *state)
+{
+	char name[128];
+	size_t len = sizeof(name);
+	if (!ep->cm || !ep->cm->getname)
+		return;
+	st_enter();
+	int r = ep->cm->getname(&ep->fid, name, &len);
+	st_leave();
+	if (r != 0 || len > sizeof(name))
+		return;
+	char buf[512];
+	struct st_json j;
+	st_json_begin_object(&j, buf, sizeof(buf));
+	st_json_uint(&j, "id", state->id);
+	st_json_sockaddr(&j, "src_addr", name, len);
+	st_json_bool(&j, "bound", 1);
+	st_json_close(&j, '}');
+	if (!j.overflow)
+		st_ev(ST_EV_OFI_ENDPOINT, 0, state->id, st_side_json(buf, j.len));
+}
+
 /* fi_enable (fi_control(FI_ENABLE)) is where some providers pick their data
  * path tables: patch again whatever changed. */
 static int ep_control(struct fid *fid, int command, void *arg)
@@ -352,6 +377,7 @@ static int ep_control(struct fid *fid, int command, void *arg)
 	if (top && command == FI_ENABLE && ret == 0) {
 		int saved = errno;
 		patch_ep_tables((struct fid_ep *)fid, state); /* fid is the first member */
+		record_bound_name((struct fid_ep *)fid, state);
 		errno = saved;
 	}
 	return ret;
