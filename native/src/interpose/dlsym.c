@@ -19,6 +19,7 @@
 #include <link.h>
 #include <string.h>
 
+#include "elf_lookup.h"
 #include "interpose.h"
 
 typedef void *(*dlsym_fn)(void *, const char *);
@@ -28,21 +29,8 @@ static dlsym_fn real_dlsym_p;
 static dlvsym_fn real_dlvsym_p;
 static __thread int in_dlsym ST_TLS;
 
-struct lookup {
-	const char *lib;
-	const char *sym;
-	void *result;
-};
-
 /* No libc string calls on this path: a sanitizer runtime intercepts them and is not ready yet when it
  * calls our dlsym during its own initialisation. */
-static int same_name(const char *a, const char *b)
-{
-	while (*a && *a == *b)
-		a++, b++;
-	return *a == *b;
-}
-
 static int contains(const char *hay, const char *needle)
 {
 	for (; *hay; hay++) {
@@ -51,91 +39,6 @@ static int contains(const char *hay, const char *needle)
 			h++, n++;
 		if (!*n)
 			return 1;
-	}
-	return 0;
-}
-
-static uint32_t gnu_hash(const char *s)
-{
-	uint32_t h = 5381;
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-		h = h * 33 + *p;
-	return h;
-}
-
-/* One loaded object (load base, dynamic section): the symbol's address in want->result. */
-static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *want)
-{
-	if (!dyn)
-		return 0;
-	ElfW(Addr) symtab = 0, strtab = 0, gnuhash = 0, hash = 0, versym = 0;
-	for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++) {
-		switch (d->d_tag) {
-		case DT_SYMTAB: symtab = d->d_un.d_ptr; break;
-		case DT_STRTAB: strtab = d->d_un.d_ptr; break;
-		case DT_GNU_HASH: gnuhash = d->d_un.d_ptr; break;
-		case DT_HASH: hash = d->d_un.d_ptr; break;
-		case DT_VERSYM: versym = d->d_un.d_ptr; break;
-		}
-	}
-	/* the dynamic linker relocates these in place on most targets, not all */
-#define FIX(p) ((p) && (p) < base ? (p) + base : (p))
-	symtab = FIX(symtab);
-	strtab = FIX(strtab);
-	gnuhash = FIX(gnuhash);
-	hash = FIX(hash);
-	versym = FIX(versym);
-#undef FIX
-	if (!symtab || !strtab)
-		return 0;
-	const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
-	const char *strs = (const char *)strtab;
-	const ElfW(Half) *versions = (const ElfW(Half) *)versym;
-	void *hidden_match = NULL;
-
-#define CONSIDER(idx)                                                                          \
-	do {                                                                                   \
-		const ElfW(Sym) *sym_ = &syms[idx];                                              \
-		if (sym_->st_value && sym_->st_shndx != SHN_UNDEF &&                                \
-		    ELF64_ST_TYPE(sym_->st_info) == STT_FUNC && same_name(strs + sym_->st_name, want->sym)) { \
-			void *addr_ = (void *)(base + sym_->st_value);                  \
-			if (versions && (versions[idx] & 0x8000))                                          \
-				hidden_match = addr_;                                          \
-			else {                                                                 \
-				want->result = addr_;                                            \
-				return 1;                                                      \
-			}                                                                      \
-		}                                                                              \
-	} while (0)
-
-	if (gnuhash) {
-		const uint32_t *h = (const uint32_t *)gnuhash;
-		uint32_t nbuckets = h[0], symoffset = h[1], bloom_size = h[2];
-		const ElfW(Addr) *bloom = (const ElfW(Addr) *)&h[4];
-		const uint32_t *buckets = (const uint32_t *)&bloom[bloom_size];
-		const uint32_t *chain = &buckets[nbuckets];
-		uint32_t hv = gnu_hash(want->sym);
-		uint32_t idx = nbuckets ? buckets[hv % nbuckets] : 0;
-		if (idx >= symoffset) {
-			for (;;) {
-				uint32_t h2 = chain[idx - symoffset];
-				if ((hv | 1) == (h2 | 1))
-					CONSIDER(idx);
-				if (h2 & 1)
-					break;
-				idx++;
-			}
-		}
-	} else if (hash) {
-		const uint32_t *h = (const uint32_t *)hash;
-		uint32_t nchain = h[1];
-		for (uint32_t idx = 0; idx < nchain; idx++)
-			CONSIDER(idx);
-	}
-#undef CONSIDER
-	if (hidden_match) {
-		want->result = hidden_match;
-		return 1;
 	}
 	return 0;
 }
@@ -149,9 +52,10 @@ static void *libc_symbol(const char *sym)
 {
 	static const char *const libs[] = {"libc.so", "libdl.so"};
 	for (unsigned i = 0; i < 2; i++) {
-		struct lookup want = {libs[i], sym, NULL};
+		struct st_elf_want want = {sym, NULL, 0};
 		for (struct link_map *m = _r_debug.r_map; m; m = m->l_next)
-			if (m->l_name && contains(m->l_name, want.lib) && lookup_in(m->l_ld, m->l_addr, &want))
+			if (m->l_name && contains(m->l_name, libs[i]) && st_elf_lookup(m->l_ld, m->l_addr, &want) &&
+			    !want.ifunc)
 				return want.result;
 	}
 	return NULL;
