@@ -11,7 +11,15 @@
  * address.  For names we do not hook, our dlsym ends in a tail call to the
  * real one, so the caller's return address is preserved and RTLD_NEXT keeps
  * its meaning.  For hooked names the real lookup happens from inside this
- * library, i.e. "next after sigmatrace", which is the traced library.
+ * library, i.e. "next after sigmatrace", which is the traced library; what
+ * the program then gets (our wrapper, or the untraced answer) is inject()'s
+ * rule below.
+ *
+ * dlopen is deliberately not wrapped: it is caller-sensitive too (the
+ * caller's RUNPATH/RPATH and $ORIGIN choose the file, the caller's namespace
+ * the scope), so a wrapper that calls the real dlopen from here would load
+ * other files than the program does.  Nothing needs to see a library
+ * arrive: shims find their real functions at first use (resolve.c).
  */
 #include <dlfcn.h>
 #pragma GCC diagnostic ignored "-Wnonnull-compare"
@@ -86,14 +94,44 @@ void *st_resolve_next(const char *name)
 	return st_real_dlsym(RTLD_NEXT, name);
 }
 
-/* A hooked name: the real address for the caller's handle, our wrapper
- * returned in its place when the provider is enabled. */
-static void *inject(const struct st_hook *h, void *real)
+/* Is `found` the default version of `name` in the object that holds it (what an unversioned
+ * dlsym, and so our shim, would use)?  dladdr1 touches no dlerror state. */
+static int default_version(void *found, const char *name)
 {
-	if (!real || real == h->wrapper)
-		return real;
+	Dl_info info;
+	struct link_map *lm = NULL;
+	if (!dladdr1(found, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+		return 0;
+	struct st_elf_want want = {name, NULL, 0};
+	return st_elf_lookup(lm->l_ld, lm->l_addr, &want) && want.result == found;
+}
+
+/*
+ * A hooked name the program asked for: what it gets.  `found` is what the real lookup gave for the
+ * program's handle (and version).  The wrapper is handed out only when it forwards to exactly that
+ * function; everything else gets the untraced answer, never a different function:
+ *   - the lookup found our own shim (RTLD_DEFAULT, or a handle of the global scope, where the
+ *     preloaded tracer comes first): untraced the program would get the next definition in that
+ *     scope, so that is the real function, and NULL stays NULL (a program probing with
+ *     dlsym(RTLD_DEFAULT) for a library it has not loaded sees what it sees untraced);
+ *   - dlvsym of an older version (name@V, not the default name@@V the shim forwards to): the real
+ *     pointer, untraced;
+ *   - the shim already forwards to another copy of the library (a second libibverbs loaded from
+ *     elsewhere): the real pointer, untraced.
+ */
+static void *inject(const struct st_hook *h, void *found, const char *version)
+{
+	if (found == h->wrapper) {
+		found = version ? real_dlvsym_p(RTLD_NEXT, h->name, version) : real_dlsym_p(RTLD_NEXT, h->name);
+	}
+	if (!found)
+		return NULL;
+	if (version && !default_version(found, h->name))
+		return found;
 	void *expected = NULL;
-	__atomic_compare_exchange_n(h->real, &expected, real, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+	if (!__atomic_compare_exchange_n(h->real, &expected, found, 0, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE) &&
+	    expected != found)
+		return found;
 	return h->wrapper;
 }
 
@@ -101,7 +139,7 @@ static void *inject(const struct st_hook *h, void *real)
  * RTLD_NEXT means "after sigmatrace", the traced library; any other name
  * ends in a tail call, which keeps the caller's return address and so the
  * caller's RTLD_NEXT. */
-#define LOOKUP(real, ...)                                              \
+#define LOOKUP(real, version, ...)                                     \
 	if (unlikely(!(real)))                                         \
 		bootstrap();                                           \
 	if (name && !in_dlsym && st_cfg.enabled) {                     \
@@ -109,18 +147,19 @@ static void *inject(const struct st_hook *h, void *real)
 		if (hook && st_provider_on(hook->provider)) {          \
 			in_dlsym = 1;                                  \
 			void *found = (real)(__VA_ARGS__);             \
+			found = inject(hook, found, version);          \
 			in_dlsym = 0;                                  \
-			return inject(hook, found);                    \
+			return found;                                  \
 		}                                                      \
 	}                                                              \
 	return (real)(__VA_ARGS__)
 
 ST_EXPORT void *dlsym(void *handle, const char *name)
 {
-	LOOKUP(real_dlsym_p, handle, name);
+	LOOKUP(real_dlsym_p, NULL, handle, name);
 }
 
 ST_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
 {
-	LOOKUP(real_dlvsym_p, handle, name, version);
+	LOOKUP(real_dlvsym_p, version, handle, name, version);
 }
