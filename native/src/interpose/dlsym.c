@@ -1,5 +1,5 @@
 /*
- * dlsym/dlvsym injection.
+ * dlsym/dlvsym injection, and dlclose.
  *
  * We export dlsym and dlvsym ourselves, so we cannot ask dlsym for the real
  * ones (we would find ourselves).  Instead the real functions are looked up
@@ -20,6 +20,8 @@
  * the scope), so a wrapper that calls the real dlopen from here would load
  * other files than the program does.  Nothing needs to see a library
  * arrive: shims find their real functions at first use (resolve.c).
+ * dlclose is not caller-sensitive; it is wrapped so that real pointers into
+ * an unloaded library are dropped.
  */
 #include <dlfcn.h>
 #pragma GCC diagnostic ignored "-Wnonnull-compare"
@@ -32,9 +34,11 @@
 
 typedef void *(*dlsym_fn)(void *, const char *);
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+typedef int (*dlclose_fn)(void *);
 
 static dlsym_fn real_dlsym_p;
 static dlvsym_fn real_dlvsym_p;
+static dlclose_fn real_dlclose_p;
 static __thread int in_dlsym ST_TLS;
 
 /* No libc string calls on this path: a sanitizer runtime intercepts them and is not ready yet when it
@@ -75,6 +79,8 @@ static void bootstrap(void)
 		__atomic_store_n(&real_dlsym_p, (dlsym_fn)libc_symbol("dlsym"), __ATOMIC_RELEASE);
 	if (!real_dlvsym_p)
 		__atomic_store_n(&real_dlvsym_p, (dlvsym_fn)libc_symbol("dlvsym"), __ATOMIC_RELEASE);
+	if (!real_dlclose_p)
+		__atomic_store_n(&real_dlclose_p, (dlclose_fn)libc_symbol("dlclose"), __ATOMIC_RELEASE);
 }
 
 void st_interpose_init(void)
@@ -132,6 +138,7 @@ static void *inject(const struct st_hook *h, void *found, const char *version)
 	if (!__atomic_compare_exchange_n(h->real, &expected, found, 0, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE) &&
 	    expected != found)
 		return found;
+	st_real_slot_remember(h->real);
 	return h->wrapper;
 }
 
@@ -162,4 +169,18 @@ ST_EXPORT void *dlsym(void *handle, const char *name)
 ST_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
 {
 	LOOKUP(real_dlvsym_p, version, handle, name, version);
+}
+
+/* dlclose: caller-independent, so wrapping it changes nothing; after a close that unloaded objects,
+ * real pointers into them are dropped (resolve.c) and found again when a shim next needs them. */
+ST_EXPORT int dlclose(void *handle)
+{
+	if (unlikely(!real_dlclose_p))
+		bootstrap();
+	if (unlikely(!real_dlclose_p))
+		return -1;
+	int ret = real_dlclose_p(handle);
+	if (ret == 0 && st_initialized)
+		st_real_after_dlclose();
+	return ret;
 }

@@ -44,6 +44,9 @@ const struct st_hook *st_hook_find(const char *name) ST_HIDDEN;
 		st_hooks_register(table, sizeof(table) / sizeof(table[0]));        \
 	}
 
+/* Calls every hook's `real` slot (resolve.c, after an unload). */
+void st_hooks_each_real(void (*fn)(void **real)) ST_HIDDEN;
+
 /* The next definition after this library in the global scope (dlsym(RTLD_NEXT)): for libc's
  * functions (fork, _exit), which are always there. */
 void *st_resolve_next(const char *name) ST_HIDDEN;
@@ -55,8 +58,12 @@ void *st_real_dlsym(void *handle, const char *name) ST_HIDDEN;
  * by the program or by a library, RTLD_LOCAL or RTLD_GLOBAL); NULL when no loaded object defines
  * it.  Touches no dlerror() state. */
 void *st_resolve_real(const char *name) ST_HIDDEN;
-/* The same, for the pointer cached at `slot`. */
+/* The same, and `slot` (where the caller caches it) is remembered: it is cleared when a dlclose
+ * unloads the object it points into. */
 void *st_resolve_slot(void **slot, const char *name) ST_HIDDEN;
+void st_real_slot_remember(void **slot) ST_HIDDEN;
+/* dlsym.c's dlclose, after a successful close: drops remembered pointers into unloaded objects. */
+void st_real_after_dlclose(void) ST_HIDDEN;
 
 /* A traced library's real function, found at first use and again while not found (the library
  * may be loaded later); one load and compare afterwards. */

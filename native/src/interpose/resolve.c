@@ -21,7 +21,10 @@
  * which dlsym would clobber for the program).  An IFUNC is resolved through dlsym on that object.
  *
  * Lazily, at a shim's first call, and again while not found: a library dlopen'ed after start is
- * found when it is first used.  Found pointers are cached in the shim's real_<name> (ST_REAL).
+ * found when it is first used.  Found pointers are cached in the shim's real_<name> (ST_REAL) and
+ * every such slot is remembered: when a dlclose unloads objects (dlsym.c wraps dlclose), slots that
+ * point into an object no longer loaded are cleared, so a library unloaded and loaded again (at
+ * another address) is found again instead of called at its old one.
  *
  * Nothing here is on a hot path: the ops-table wrappers (ibv post/poll) call the provider's
  * functions kept in their context entries and never come here.
@@ -110,7 +113,79 @@ void *st_resolve_real(const char *name)
 	return p;
 }
 
+/* ---- remembered slots, dropped when their object is unloaded ---------------------------------- */
+
+/* Slots are static pointers of the providers (a few hundred at most); appended without a lock (a
+ * resolution may run in any thread, also in a child after fork), never removed.  A slot appended
+ * twice by racing threads is checked twice, which is harmless. */
+#define MAX_SLOTS 1024
+static void **slots[MAX_SLOTS];
+static unsigned nslots;
+
+void st_real_slot_remember(void **slot)
+{
+	unsigned n = __atomic_load_n(&nslots, __ATOMIC_ACQUIRE);
+	for (unsigned i = 0; i < n && i < MAX_SLOTS; i++)
+		if (__atomic_load_n(&slots[i], __ATOMIC_ACQUIRE) == slot)
+			return;
+	unsigned i = __atomic_fetch_add(&nslots, 1, __ATOMIC_ACQ_REL);
+	if (i < MAX_SLOTS)
+		__atomic_store_n(&slots[i], slot, __ATOMIC_RELEASE);
+}
+
 void *st_resolve_slot(void **slot, const char *name)
 {
-	return st_resolve_real(name);
+	void *p = st_resolve_real(name);
+	if (p)
+		st_real_slot_remember(slot);
+	return p;
+}
+
+struct probe {
+	uintptr_t addr;
+	unsigned long long subs;
+	int found;
+};
+
+static int loaded_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	struct probe *pr = arg;
+	if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs))
+		pr->subs = info->dlpi_subs;
+	if (!pr->addr)
+		return 1; /* only the counter was wanted */
+	if (holds(info, pr->addr)) {
+		pr->found = 1;
+		return 1;
+	}
+	return 0;
+}
+
+static void drop_if_unloaded(void **slot)
+{
+	void *p = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+	if (!p)
+		return;
+	struct probe pr = {(uintptr_t)p, 0, 0};
+	dl_iterate_phdr(loaded_cb, &pr);
+	if (!pr.found)
+		__atomic_compare_exchange_n(slot, &p, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}
+
+void st_real_after_dlclose(void)
+{
+	static unsigned long long seen_subs;
+	struct probe pr = {0, 0, 0};
+	dl_iterate_phdr(loaded_cb, &pr);
+	unsigned long long last = __atomic_load_n(&seen_subs, __ATOMIC_ACQUIRE);
+	if (pr.subs == last)
+		return; /* nothing was unloaded since we last looked: the usual dlclose */
+	__atomic_store_n(&seen_subs, pr.subs, __ATOMIC_RELEASE);
+	unsigned n = __atomic_load_n(&nslots, __ATOMIC_ACQUIRE);
+	for (unsigned i = 0; i < n && i < MAX_SLOTS; i++) {
+		void **slot = __atomic_load_n(&slots[i], __ATOMIC_ACQUIRE);
+		if (slot)
+			drop_if_unloaded(slot);
+	}
+	st_hooks_each_real(drop_if_unloaded);
 }
