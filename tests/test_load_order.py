@@ -8,11 +8,13 @@ dlvsym at IBVERBS_1.1 / 1.8); a module linked with -libverbs dlopen'ed RTLD_LOCA
 (libibverbs arrives as its dependency, local to that dlopen: what broke UCX); a module that dlopens
 libibverbs and dlsyms it; a module dlopen'ed by a module (libucs -> libuct_ib -> libibverbs);
 dlsym(RTLD_DEFAULT) probes before and after an RTLD_LOCAL load; unload and load of another copy;
-an older symbol version through dlvsym (real rdma-core).  The same for the CUDA driver (emulated:
+an older symbol version through dlvsym (real rdma-core); a module dlopen'ed RTLD_DEEPBIND (unchanged,
+not traced).  The same for the CUDA driver (emulated:
 linked, dlopen + dlsym, cuGetProcAddress, a module) and libfabric / UCP reached from a module.
 Every traced run prints what the untraced one printed (device list, results, the objects loaded)
 and exits the same; the trace holds the work.  Then real UCX on the emulated HCA (ucx_info -d,
-ucx_perftest rc_verbs put_bw / am_lat between two processes, under `sigmatrace run`) and fi_info.
+ucx_perftest rc_verbs put_bw / am_lat and rc_mlx5 am_lat between two processes, under
+`sigmatrace run`) and fi_info.
 
 Processes are bounded by timeouts and reaped; every emulated node gets a fresh fabric.
 """
@@ -111,6 +113,7 @@ def both(argv, tmp_path, env_of, mode="full", providers=None, timeout=60):
 
 VERBS_MODES = ["linked", "dlsym-local", "dlsym-global", "default-global", "nccl", "module-local", "module-global",
                "module-dlsym", "module-chain", "probe", "reload"]
+UNTRACED_MODES = ["module-deepbind"]  # runs unchanged, but past the tracer (docs/interposition.md)
 
 
 def verbs_argv(bins, mode, iters=ITERS):
@@ -149,6 +152,18 @@ def test_verbs_load_order_traced_like_untraced(tmp_path, verbs_bins, mode):
     if mode == "reload":
         assert "RELOAD a_unloaded=1" in tr[1]
     check_verbs_trace(out, rounds=2 if mode == "reload" else 1)
+
+
+@needs_emu
+@needs_tracer
+@pytest.mark.parametrize("mode", UNTRACED_MODES)
+def test_verbs_load_order_not_traced_but_unchanged(tmp_path, verbs_bins, mode):
+    """RTLD_DEEPBIND: the module binds to its own libibverbs before the global scope, so no call reaches
+    a shim.  Not traced (known limit), but the program must run exactly as untraced."""
+    base, tr, out = both(verbs_argv(verbs_bins, mode), tmp_path, lambda: node(tmp_path))
+    assert base[0] == 0 and "RESULT OK" in base[1], base
+    assert (tr[0], tr[1]) == (base[0], base[1]), tr
+    assert not out.exists() or read_capture(out).count_by_type().get("IBV_OPEN_DEVICE", 0) == 0
 
 
 @needs_emu
@@ -325,12 +340,14 @@ def perftest_pair(fabric, args, wrap, timeout=60):
 @needs_tracer
 @needs_ucx
 @needs_ns
-@pytest.mark.parametrize("test,extra,iters", [("put_bw", ["-D", "zcopy", "-s", "4000"], 1000), ("am_lat", [], 300)])
-def test_ucx_perftest_rc_verbs_traced(tmp_path, test, extra, iters):
+@pytest.mark.parametrize("tl,test,extra,iters", [("rc_verbs", "put_bw", ["-D", "zcopy", "-s", "4000"], 1000),
+                                                 ("rc_verbs", "am_lat", [], 300), ("rc_mlx5", "am_lat", [], 100)])
+def test_ucx_perftest_traced(tmp_path, tl, test, extra, iters):
     """The reported failure: ucx_perftest -x rc_verbs -d mlx5_0:1 under `sigmatrace run` said "No such
-    device" (UCX's libuct_ib.so loads libibverbs RTLD_LOCAL).  Traced now exits 0 with the untraced
-    report's shape and the trace holds the work requests."""
-    args = ["-x", "rc_verbs", "-d", "mlx5_0:1", "-t", test, *extra, "-n", str(iters), "-w", "0"]
+    device" (UCX's libuct_ib.so loads libibverbs and libmlx5 RTLD_LOCAL).  Traced now exits 0 with the
+    untraced report's shape and the trace holds the work: the verbs work requests (rc_verbs), the
+    mlx5 QPs and their doorbells' WQEs (rc_mlx5: mlx5dv from the same dlopen chain)."""
+    args = ["-x", tl, "-d", "mlx5_0:1", "-t", test, *extra, "-n", str(iters), "-w", "0"]
     fab_u, fab_t = new_fabric("lu"), new_fabric("lt")
     try:
         rc_c, out_c, rc_s, out_s = perftest_pair(fab_u, args, lambda argv, side: argv)
@@ -346,7 +363,13 @@ def test_ucx_perftest_rc_verbs_traced(tmp_path, test, extra, iters):
     cap = read_capture(out)
     assert len(cap.processes) == 2 and all(p.complete for p in cap.processes)
     by = cap.count_by_type()
-    assert by.get("IBV_POST_SEND", 0) >= iters and by.get("IBV_CREATE_QP", 0) >= 2, by
+    for p in cap.processes:
+        assert [n["name"] for n in p.header.get("nics") or []][:1] == ["mlx5_0"]
+    assert by.get("IBV_CREATE_QP", 0) >= 2, by
+    if tl == "rc_mlx5":  # both sides' QPs seen through mlx5dv, every WQE of their doorbells decoded
+        assert by.get("MLX5_DV_INIT_QP", 0) >= 2 and by.get("DB_WQE", 0) >= 2 * iters, by
+        return
+    assert by.get("IBV_POST_SEND", 0) >= iters, by
     swr = cap.table("IBV_SEND_WR")
     cli = next(p for p in cap.processes if "127.0.0.1" in p.header["argv"])
     srv = next(p for p in cap.processes if p is not cli)
@@ -357,8 +380,6 @@ def test_ucx_perftest_rc_verbs_traced(tmp_path, test, extra, iters):
     else:  # ping-pong of active messages: both sides send every iteration
         for p in (cli, srv):
             assert np.count_nonzero((swr["process"] == p.index) & (swr["opcode"] == 2)) == iters
-    for p in cap.processes:
-        assert [n["name"] for n in p.header.get("nics") or []][:1] == ["mlx5_0"]
 
 
 @needs_emu

@@ -13,6 +13,8 @@
  *   module-local    dlopen(<dir>/liblo_linked.so, RTLD_LOCAL): the module (linked with
  *                   -libverbs) calls libibverbs; libibverbs arrives as its dependency
  *   module-global   the same with RTLD_GLOBAL
+ *   module-deepbind the same with RTLD_LOCAL | RTLD_DEEPBIND: the module binds to its own
+ *                   dependencies first, past the tracer (works untraced, so must traced; not traced)
  *   module-dlsym    dlopen(<dir>/liblo_loader.so): that module dlopens libibverbs, dlsym on it
  *   module-chain    dlopen(<dir>/liblo_loader.so, RTLD_LOCAL), which dlopens liblo_linked.so
  *                   RTLD_LOCAL and runs it (UCX: libucs -> libuct_ib.so -> libibverbs)
@@ -107,6 +109,8 @@ int main(int argc, char **argv)
 		rc = run_module("liblo_linked.so", RTLD_LOCAL, NULL, iters);
 	} else if (!strcmp(mode, "module-global")) {
 		rc = run_module("liblo_linked.so", RTLD_GLOBAL, NULL, iters);
+	} else if (!strcmp(mode, "module-deepbind")) {
+		rc = run_module("liblo_linked.so", RTLD_LOCAL | RTLD_DEEPBIND, NULL, iters);
 	} else if (!strcmp(mode, "module-dlsym")) {
 		rc = run_module("liblo_loader.so", RTLD_LOCAL, NULL, iters);
 	} else if (!strcmp(mode, "module-chain")) {
