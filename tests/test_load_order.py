@@ -93,7 +93,9 @@ _fabrics = []
 
 
 @pytest.fixture(autouse=True)
-def _cleanup_fabrics():
+def _cleanup_fabrics(tmp_path, monkeypatch):
+    # crash handlers of some libfabric/psm providers drop backtrace files in the cwd
+    monkeypatch.chdir(tmp_path)
     yield
     while _fabrics:
         cleanup_fabric(_fabrics.pop())
