@@ -1,5 +1,5 @@
 /*
- * dlsym/dlvsym injection.
+ * dlsym/dlvsym injection, and dlclose.
  *
  * We export dlsym and dlvsym ourselves, so we cannot ask dlsym for the real
  * ones (we would find ourselves).  Instead the real functions are looked up
@@ -11,7 +11,17 @@
  * address.  For names we do not hook, our dlsym ends in a tail call to the
  * real one, so the caller's return address is preserved and RTLD_NEXT keeps
  * its meaning.  For hooked names the real lookup happens from inside this
- * library, i.e. "next after sigmatrace", which is the traced library.
+ * library, i.e. "next after sigmatrace", which is the traced library; what
+ * the program then gets (our wrapper, or the untraced answer) is inject()'s
+ * rule below.
+ *
+ * dlopen is deliberately not wrapped: it is caller-sensitive too (the
+ * caller's RUNPATH/RPATH and $ORIGIN choose the file, the caller's namespace
+ * the scope), so a wrapper that calls the real dlopen from here would load
+ * other files than the program does.  Nothing needs to see a library
+ * arrive: shims find their real functions at first use (resolve.c).
+ * dlclose is not caller-sensitive; it is wrapped so that real pointers into
+ * an unloaded library are dropped.
  */
 #include <dlfcn.h>
 #pragma GCC diagnostic ignored "-Wnonnull-compare"
@@ -19,30 +29,20 @@
 #include <link.h>
 #include <string.h>
 
+#include "elf_lookup.h"
 #include "interpose.h"
 
 typedef void *(*dlsym_fn)(void *, const char *);
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+typedef int (*dlclose_fn)(void *);
 
 static dlsym_fn real_dlsym_p;
 static dlvsym_fn real_dlvsym_p;
+static dlclose_fn real_dlclose_p;
 static __thread int in_dlsym ST_TLS;
-
-struct lookup {
-	const char *lib;
-	const char *sym;
-	void *result;
-};
 
 /* No libc string calls on this path: a sanitizer runtime intercepts them and is not ready yet when it
  * calls our dlsym during its own initialisation. */
-static int same_name(const char *a, const char *b)
-{
-	while (*a && *a == *b)
-		a++, b++;
-	return *a == *b;
-}
-
 static int contains(const char *hay, const char *needle)
 {
 	for (; *hay; hay++) {
@@ -51,91 +51,6 @@ static int contains(const char *hay, const char *needle)
 			h++, n++;
 		if (!*n)
 			return 1;
-	}
-	return 0;
-}
-
-static uint32_t gnu_hash(const char *s)
-{
-	uint32_t h = 5381;
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-		h = h * 33 + *p;
-	return h;
-}
-
-/* One loaded object (load base, dynamic section): the symbol's address in want->result. */
-static int lookup_in(const ElfW(Dyn) *dyn, ElfW(Addr) base, struct lookup *want)
-{
-	if (!dyn)
-		return 0;
-	ElfW(Addr) symtab = 0, strtab = 0, gnuhash = 0, hash = 0, versym = 0;
-	for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++) {
-		switch (d->d_tag) {
-		case DT_SYMTAB: symtab = d->d_un.d_ptr; break;
-		case DT_STRTAB: strtab = d->d_un.d_ptr; break;
-		case DT_GNU_HASH: gnuhash = d->d_un.d_ptr; break;
-		case DT_HASH: hash = d->d_un.d_ptr; break;
-		case DT_VERSYM: versym = d->d_un.d_ptr; break;
-		}
-	}
-	/* the dynamic linker relocates these in place on most targets, not all */
-#define FIX(p) ((p) && (p) < base ? (p) + base : (p))
-	symtab = FIX(symtab);
-	strtab = FIX(strtab);
-	gnuhash = FIX(gnuhash);
-	hash = FIX(hash);
-	versym = FIX(versym);
-#undef FIX
-	if (!symtab || !strtab)
-		return 0;
-	const ElfW(Sym) *syms = (const ElfW(Sym) *)symtab;
-	const char *strs = (const char *)strtab;
-	const ElfW(Half) *versions = (const ElfW(Half) *)versym;
-	void *hidden_match = NULL;
-
-#define CONSIDER(idx)                                                                          \
-	do {                                                                                   \
-		const ElfW(Sym) *sym_ = &syms[idx];                                              \
-		if (sym_->st_value && sym_->st_shndx != SHN_UNDEF &&                                \
-		    ELF64_ST_TYPE(sym_->st_info) == STT_FUNC && same_name(strs + sym_->st_name, want->sym)) { \
-			void *addr_ = (void *)(base + sym_->st_value);                  \
-			if (versions && (versions[idx] & 0x8000))                                          \
-				hidden_match = addr_;                                          \
-			else {                                                                 \
-				want->result = addr_;                                            \
-				return 1;                                                      \
-			}                                                                      \
-		}                                                                              \
-	} while (0)
-
-	if (gnuhash) {
-		const uint32_t *h = (const uint32_t *)gnuhash;
-		uint32_t nbuckets = h[0], symoffset = h[1], bloom_size = h[2];
-		const ElfW(Addr) *bloom = (const ElfW(Addr) *)&h[4];
-		const uint32_t *buckets = (const uint32_t *)&bloom[bloom_size];
-		const uint32_t *chain = &buckets[nbuckets];
-		uint32_t hv = gnu_hash(want->sym);
-		uint32_t idx = nbuckets ? buckets[hv % nbuckets] : 0;
-		if (idx >= symoffset) {
-			for (;;) {
-				uint32_t h2 = chain[idx - symoffset];
-				if ((hv | 1) == (h2 | 1))
-					CONSIDER(idx);
-				if (h2 & 1)
-					break;
-				idx++;
-			}
-		}
-	} else if (hash) {
-		const uint32_t *h = (const uint32_t *)hash;
-		uint32_t nchain = h[1];
-		for (uint32_t idx = 0; idx < nchain; idx++)
-			CONSIDER(idx);
-	}
-#undef CONSIDER
-	if (hidden_match) {
-		want->result = hidden_match;
-		return 1;
 	}
 	return 0;
 }
@@ -149,9 +64,10 @@ static void *libc_symbol(const char *sym)
 {
 	static const char *const libs[] = {"libc.so", "libdl.so"};
 	for (unsigned i = 0; i < 2; i++) {
-		struct lookup want = {libs[i], sym, NULL};
+		struct st_elf_want want = {sym, NULL, 0};
 		for (struct link_map *m = _r_debug.r_map; m; m = m->l_next)
-			if (m->l_name && contains(m->l_name, want.lib) && lookup_in(m->l_ld, m->l_addr, &want))
+			if (m->l_name && contains(m->l_name, libs[i]) && st_elf_lookup(m->l_ld, m->l_addr, &want) &&
+			    !want.ifunc)
 				return want.result;
 	}
 	return NULL;
@@ -163,6 +79,8 @@ static void bootstrap(void)
 		__atomic_store_n(&real_dlsym_p, (dlsym_fn)libc_symbol("dlsym"), __ATOMIC_RELEASE);
 	if (!real_dlvsym_p)
 		__atomic_store_n(&real_dlvsym_p, (dlvsym_fn)libc_symbol("dlvsym"), __ATOMIC_RELEASE);
+	if (!real_dlclose_p)
+		__atomic_store_n(&real_dlclose_p, (dlclose_fn)libc_symbol("dlclose"), __ATOMIC_RELEASE);
 }
 
 void st_interpose_init(void)
@@ -182,14 +100,45 @@ void *st_resolve_next(const char *name)
 	return st_real_dlsym(RTLD_NEXT, name);
 }
 
-/* A hooked name: the real address for the caller's handle, our wrapper
- * returned in its place when the provider is enabled. */
-static void *inject(const struct st_hook *h, void *real)
+/* Is `found` the default version of `name` in the object that holds it (what an unversioned
+ * dlsym, and so our shim, would use)?  dladdr1 touches no dlerror state. */
+static int default_version(void *found, const char *name)
 {
-	if (!real || real == h->wrapper)
-		return real;
+	Dl_info info;
+	struct link_map *lm = NULL;
+	if (!dladdr1(found, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
+		return 0;
+	struct st_elf_want want = {name, NULL, 0};
+	return st_elf_lookup(lm->l_ld, lm->l_addr, &want) && want.result == found;
+}
+
+/*
+ * A hooked name the program asked for: what it gets.  `found` is what the real lookup gave for the
+ * program's handle (and version).  The wrapper is handed out only when it forwards to exactly that
+ * function; everything else gets the untraced answer, never a different function:
+ *   - the lookup found our own shim (RTLD_DEFAULT, or a handle of the global scope, where the
+ *     preloaded tracer comes first): untraced the program would get the next definition in that
+ *     scope, so that is the real function, and NULL stays NULL (a program probing with
+ *     dlsym(RTLD_DEFAULT) for a library it has not loaded sees what it sees untraced);
+ *   - dlvsym of an older version (name@V, not the default name@@V the shim forwards to): the real
+ *     pointer, untraced;
+ *   - the shim already forwards to another copy of the library (a second libibverbs loaded from
+ *     elsewhere): the real pointer, untraced.
+ */
+static void *inject(const struct st_hook *h, void *found, const char *version)
+{
+	if (found == h->wrapper) {
+		found = version ? real_dlvsym_p(RTLD_NEXT, h->name, version) : real_dlsym_p(RTLD_NEXT, h->name);
+	}
+	if (!found)
+		return NULL;
+	if (version && !default_version(found, h->name))
+		return found;
 	void *expected = NULL;
-	__atomic_compare_exchange_n(h->real, &expected, real, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+	if (!__atomic_compare_exchange_n(h->real, &expected, found, 0, __ATOMIC_RELEASE, __ATOMIC_ACQUIRE) &&
+	    expected != found)
+		return found;
+	st_real_slot_remember(h->real);
 	return h->wrapper;
 }
 
@@ -197,7 +146,7 @@ static void *inject(const struct st_hook *h, void *real)
  * RTLD_NEXT means "after sigmatrace", the traced library; any other name
  * ends in a tail call, which keeps the caller's return address and so the
  * caller's RTLD_NEXT. */
-#define LOOKUP(real, ...)                                              \
+#define LOOKUP(real, version, ...)                                     \
 	if (unlikely(!(real)))                                         \
 		bootstrap();                                           \
 	if (name && !in_dlsym && st_cfg.enabled) {                     \
@@ -205,18 +154,33 @@ static void *inject(const struct st_hook *h, void *real)
 		if (hook && st_provider_on(hook->provider)) {          \
 			in_dlsym = 1;                                  \
 			void *found = (real)(__VA_ARGS__);             \
+			found = inject(hook, found, version);          \
 			in_dlsym = 0;                                  \
-			return inject(hook, found);                    \
+			return found;                                  \
 		}                                                      \
 	}                                                              \
 	return (real)(__VA_ARGS__)
 
 ST_EXPORT void *dlsym(void *handle, const char *name)
 {
-	LOOKUP(real_dlsym_p, handle, name);
+	LOOKUP(real_dlsym_p, NULL, handle, name);
 }
 
 ST_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
 {
-	LOOKUP(real_dlvsym_p, handle, name, version);
+	LOOKUP(real_dlvsym_p, version, handle, name, version);
+}
+
+/* dlclose: caller-independent, so wrapping it changes nothing; after a close that unloaded objects,
+ * real pointers into them are dropped (resolve.c) and found again when a shim next needs them. */
+ST_EXPORT int dlclose(void *handle)
+{
+	if (unlikely(!real_dlclose_p))
+		bootstrap();
+	if (unlikely(!real_dlclose_p))
+		return -1;
+	int ret = real_dlclose_p(handle);
+	if (ret == 0 && st_initialized)
+		st_real_after_dlclose();
+	return ret;
 }

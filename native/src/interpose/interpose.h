@@ -2,8 +2,11 @@
  * Interposition: how providers put their wrappers in front of a library.
  *
  *  1. Link-time symbol shims: the provider defines the library's exported
- *     function (same name, ST_EXPORT); being preloaded, ours wins.  The real
- *     one comes from st_resolve_next() (dlsym(RTLD_NEXT)).
+ *     function (same name, ST_EXPORT); being preloaded, ours wins, also for
+ *     objects loaded later with RTLD_LOCAL.  The real one is found at first
+ *     use in whichever loaded object defines it (ST_REAL, resolve.c): the
+ *     library may have been loaded after start and outside the global scope,
+ *     where dlsym(RTLD_NEXT) cannot see it.
  *  2. dlsym/dlvsym injection: programs (NCCL, MPI, Python ctypes) that
  *     dlopen a library and look functions up by name get the wrapper too —
  *     for every hook registered here whose provider is enabled.
@@ -41,15 +44,32 @@ const struct st_hook *st_hook_find(const char *name) ST_HIDDEN;
 		st_hooks_register(table, sizeof(table) / sizeof(table[0]));        \
 	}
 
-/* The next definition after this library (the real function), or NULL. */
+/* Calls every hook's `real` slot (resolve.c, after an unload). */
+void st_hooks_each_real(void (*fn)(void **real)) ST_HIDDEN;
+
+/* The next definition after this library in the global scope (dlsym(RTLD_NEXT)): for libc's
+ * functions (fork, _exit), which are always there. */
 void *st_resolve_next(const char *name) ST_HIDDEN;
 /* libc's own dlsym/dlvsym, found without calling dlsym. */
 void *st_real_dlsym(void *handle, const char *name) ST_HIDDEN;
 
-/* Resolve a real function once; cheap afterwards. */
-#define ST_REAL(ptr, name)                                                             \
-	(likely((ptr) != NULL) ? (ptr)                                                 \
-			       : ((ptr) = (__typeof__(ptr))st_resolve_next(name)))
+/* A traced library's real function (resolve.c): the default-version definition in the first loaded
+ * object after this library that has one, wherever it was loaded from (linked at start, dlopen'ed
+ * by the program or by a library, RTLD_LOCAL or RTLD_GLOBAL); NULL when no loaded object defines
+ * it.  Touches no dlerror() state. */
+void *st_resolve_real(const char *name) ST_HIDDEN;
+/* The same, and `slot` (where the caller caches it) is remembered: it is cleared when a dlclose
+ * unloads the object it points into. */
+void *st_resolve_slot(void **slot, const char *name) ST_HIDDEN;
+void st_real_slot_remember(void **slot) ST_HIDDEN;
+/* dlsym.c's dlclose, after a successful close: drops remembered pointers into unloaded objects. */
+void st_real_after_dlclose(void) ST_HIDDEN;
+
+/* A traced library's real function, found at first use and again while not found (the library
+ * may be loaded later); one load and compare afterwards. */
+#define ST_REAL(ptr, name)                                                                           \
+	(likely((ptr) != NULL) ? (ptr)                                                               \
+			       : ((ptr) = (__typeof__(ptr))st_resolve_slot((void **)&(ptr), name)))
 
 /* Re-entrancy guard around a call into the traced library. */
 static inline int st_enter(void)

@@ -37,3 +37,11 @@ const struct st_hook *st_hook_find(const char *name)
 				return &tables[t].hooks[i];
 	return NULL;
 }
+
+void st_hooks_each_real(void (*fn)(void **real))
+{
+	unsigned nt = __atomic_load_n(&ntables, __ATOMIC_ACQUIRE);
+	for (unsigned t = 0; t < nt; t++)
+		for (unsigned i = 0; i < tables[t].n; i++)
+			fn(tables[t].hooks[i].real);
+}

@@ -35,10 +35,14 @@ typedef st_CUdeviceptr CUdeviceptr;
 static uint64_t gpa_unwrapped; /* symbols we know but could not wrap (variant clash) */
 
 #define CUDA_ERROR_NOT_INITIALIZED 3
+/* the driver the program loaded (however it was loaded: interpose/resolve.c), else the one the
+ * hijack opens */
 #define RESOLVE(var, name)                                                       \
 	do {                                                                     \
 		if (unlikely(!(var))) {                                          \
-			void *p_ = st_cudrv() ? st_cudrv_sym(name) : NULL;       \
+			void *p_ = st_resolve_slot((void **)&(var), name);       \
+			if (!p_ && st_cudrv())                                   \
+				p_ = st_cudrv_sym(name);                         \
 			__atomic_store_n((void **)&(var), p_, __ATOMIC_RELEASE); \
 		}                                                                \
 	} while (0)

@@ -20,7 +20,6 @@
  * Nothing here allocates on a hot path; errno and return values of the real
  * functions reach the application unchanged.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -46,27 +45,11 @@ void st_mlx5_verbs_qp_destroyed(uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
 #define ST_SHIM_BY_HAND(provider, ret_type, name, params) ST_RDMA_REAL(ret_type, name, params)
 #include "ibv_shims.def"
 
-/*
- * A libibverbs function we call but do not wrap (queries for the identity).
- * RTLD_NEXT finds it when libibverbs is linked; a program that dlopened it
- * with RTLD_LOCAL hides it from RTLD_NEXT, so then ask the library that holds
- * a real function we already know.
- */
+/* A libibverbs function we call but do not wrap (queries for the identity): wherever the library
+ * was loaded from, as for the shims (interpose/resolve.c). */
 void *st_ibv_sym(const char *name)
 {
-	void *p = st_resolve_next(name);
-	if (p)
-		return p;
-	void *known = real_ibv_open_device ? (void *)real_ibv_open_device : (void *)real_ibv_get_device_list;
-	Dl_info info;
-	if (!known || !dladdr(known, &info) || !info.dli_fname)
-		return NULL;
-	void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-	if (!h)
-		return NULL;
-	p = st_real_dlsym(h, name);
-	dlclose(h); /* drops only the reference RTLD_NOLOAD took */
-	return p;
+	return st_resolve_real(name);
 }
 
 /* ---- QP table: (context, QPN) -> state, lock-free lookups ----------------- */

@@ -41,9 +41,7 @@ static int query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_att
 		return vctx->query_port(ctx, port, a, sizeof(*a));
 	/* the exported symbol takes the older, shorter struct: same prefix */
 	static int (*qp_fn)(struct ibv_context *, uint8_t, struct ibv_port_attr *);
-	if (!qp_fn)
-		qp_fn = (int (*)(struct ibv_context *, uint8_t, struct ibv_port_attr *))st_ibv_sym("ibv_query_port");
-	return qp_fn ? qp_fn(ctx, port, a) : -1;
+	return ST_REAL(qp_fn, "ibv_query_port") ? qp_fn(ctx, port, a) : -1;
 }
 
 /* The NIC list of the process header: every device opened so far, in the
@@ -93,10 +91,8 @@ static void describe_context(struct st_ibv_ctx *c, struct ibv_context *ctx, stru
 {
 	static int (*query_device)(struct ibv_context *, struct ibv_device_attr *);
 	static int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
-	if (!query_device)
-		query_device = (int (*)(struct ibv_context *, struct ibv_device_attr *))st_ibv_sym("ibv_query_device");
-	if (!query_gid)
-		query_gid = (int (*)(struct ibv_context *, uint8_t, int, union ibv_gid *))st_ibv_sym("ibv_query_gid");
+	ST_REAL(query_device, "ibv_query_device");
+	ST_REAL(query_gid, "ibv_query_gid");
 
 	struct ibv_device_attr da;
 	memset(&da, 0, sizeof(da));
