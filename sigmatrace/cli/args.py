@@ -20,25 +20,20 @@ def _float(text):
     return v
 
 
-def positive_int(text):
-    v = _int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
+def _at_least(parse, low, what):
+    """An argument type: ``parse`` the text, then refuse values below ``low``."""
+    def check(text):
+        v = parse(text)
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return v
+    check.__name__ = f"{parse.__name__.strip('_')}_at_least_{low}"
+    return check
 
 
-def nonneg_int(text):
-    v = _int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
-
-
-def nonneg_float(text):
-    v = _float(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return v
+positive_int = _at_least(_int, 1, "at least 1")
+nonneg_int = _at_least(_int, 0, "0 or more")
+nonneg_float = _at_least(_float, 0, "0 or more")
 
 
 def queue_depth(text):

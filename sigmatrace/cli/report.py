@@ -12,27 +12,8 @@ import sys
 from pathlib import Path
 
 from ..errors import SigmatraceError
+from ..units import fmt_bytes as _fmt_bytes, fmt_ns as _fmt_ns
 from .args import nonneg_int, positive_int
-
-
-def _fmt_bytes(b):
-    """Bytes with a unit chosen per value, three significant digits (1.73 MB, 28.7 KB, 512 B)."""
-    b = float(b)
-    for u, sc in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(b) >= sc:
-            v = b / sc
-            txt = f"{v:#.3g}".rstrip(".")                  # 3.00 MB, 28.7 KB, 123 KB
-            return (txt if "e" not in txt else f"{v:.0f}") + f" {u}"
-    return f"{int(b)} B"
-
-
-def _fmt_ns(ns, digits=3):
-    """A duration with its unit (850 ns, 14.7 µs, 3.20 ms, 1.50 s)."""
-    ns = float(ns)
-    for u, sc in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= sc:
-            return f"{ns / sc:#.{digits}g}".rstrip(".") + f" {u}"
-    return f"{ns:.0f} ns"
 
 
 def _n(k, word, plural=None):
