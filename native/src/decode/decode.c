@@ -1,5 +1,5 @@
 /*
- * libsigmatrace_decode: a small decode kernel for the correlator (sigmatrace/correlate/_kernel.py, cffi ABI mode).
+ * libsigmatrace_decode: a small decode kernel for the correlator (sigmatrace/decode/kernel.py, cffi ABI mode).
  *
  * NOT part of libsigmatrace.so (that one is LD_PRELOADed into traced programs); this library is only
  * dlopen'ed by the Python reader side.  Three entry points, all allocation-free (the caller passes every
@@ -31,7 +31,7 @@
 
 enum { K_PROCESS = 1, K_EVENTS = 2, K_SIDE = 3, K_CALIB = 4, K_THREAD = 5, K_AGG = 6, K_END = 7 };
 
-/* one scanned chunk (mirrored by a numpy structured dtype in _kernel.py: keep the layout in step) */
+/* one scanned chunk (mirrored by a numpy structured dtype in sigmatrace/decode/kernel.py: keep the layout in step) */
 typedef struct {
     int64_t offset;      /* of the chunk header */
     uint64_t uid;
@@ -368,7 +368,7 @@ ST_EXPORT int64_t st_dk_split(const uint8_t *rec, int64_t nrec, const uint32_t *
     return base == nrec ? m : -1;
 }
 
-/* ------------------------------------------------------------------ correlator joins (core._match_kth) */
+/* ------------------------------------------------------------------ correlator joins (correlate.ops.match_kth) */
 
 /*
  * k-th occurrence join of two key arrays already sorted (ascending; ties in time order): inside each key
