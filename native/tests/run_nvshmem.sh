@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One command for real NVSHMEM (IBGDA) over the emulated HCA on one GPU, traced:
+#   bash native/tests/run_nvshmem.sh
+# Needs: an NVIDIA GPU, nvcc, NVSHMEM 3.4.5 (NVSHMEM_HOME, or the nvidia-nvshmem wheel importable by python3).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+export PATH="/usr/local/cuda/bin:$PATH"
+cmake -S native -B build/dev -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build/dev -j"$(nproc)" >/dev/null
+MPS_STARTED=0
+if command -v nvidia-cuda-mps-control >/dev/null && ! pgrep -x nvidia-cuda-mps >/dev/null 2>&1; then
+  nvidia-cuda-mps-control -d && MPS_STARTED=1
+fi
+trap '[ "$MPS_STARTED" = 1 ] && echo quit | nvidia-cuda-mps-control || true' EXIT
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
+PYTHONPATH="$ROOT:$ROOT/sim" python3 -m pytest -m gpu tests/test_gpu_nvshmem.py -q -rs -p no:cacheprovider -s
