@@ -39,6 +39,10 @@
  *       one RDMA WRITE each and ring their registers back to back, then pause
  *       300 us: with SIGMATRACE_EMU_BFREG=word both ring one register word
  *       ("INTERLEAVE rounds=N" at the end).
+ *   --op-times
+ *       time every wait for a completion (the doorbell reaching the NIC, the
+ *       WQEs executed) and print "OPTIMES waits=N max_ms=M over_250ms=K" at
+ *       the end: a tracer that holds doorbells back shows as long waits.
  *   --sigwait
  *       after the set-up (every UAR allocated), the main thread blocks
  *       SIGUSR1, a thread waits for it with sigwait, and the process sends
@@ -68,7 +72,9 @@
 #define CHUNK 1024
 
 static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose, g_verbs;
-static int g_sigwait, g_churn, g_churn_keep, g_interleave;
+static int g_sigwait, g_churn, g_churn_keep, g_interleave, g_optimes;
+static unsigned long g_waits, g_waits_slow;
+static double g_wait_max;
 static int g_bfalt = -1; /* --bf-alternate: pause (us) after each doorbell on reg itself; -1: off */
 
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
@@ -343,6 +349,16 @@ static void ring(struct ep *e, uint32_t first_idx, uint32_t nwqe, uint16_t last_
 	p->next_pi = e->pi;
 }
 
+static void note_wait(double t0)
+{
+	double d = ibgda_now_s() - t0;
+	g_waits++;
+	if (d > g_wait_max)
+		g_wait_max = d;
+	if (d > 0.25)
+		g_waits_slow++;
+}
+
 static void wait_cqe(struct ep *e, uint16_t want_idx)
 {
 	double t0 = ibgda_now_s();
@@ -357,8 +373,10 @@ static void wait_cqe(struct ep *e, uint16_t want_idx)
 					DIE(1, "error CQE syndrome 0x%x wqe %u", ((struct st_mlx5_err_cqe *)c)->syndrome,
 					    be16toh(c->wqe_counter));
 				uint16_t ctr = be16toh(c->wqe_counter);
-				if ((uint16_t)(ctr - want_idx) < 0x8000)
+				if ((uint16_t)(ctr - want_idx) < 0x8000) {
+					note_wait(t0);
 					return;
+				}
 			}
 		} else {
 			struct st_mlx5_cqe64 *c = (struct st_mlx5_cqe64 *)(e->cq_buf + (e->cq_ci & (e->ncqe - 1)) * 64);
@@ -376,8 +394,10 @@ static void wait_cqe(struct ep *e, uint16_t want_idx)
 				e->cq_ci++;
 				uint32_t ci = ibgda_cq_ci_value(e->cq_ci);
 				memcpy(e->cq_dbr, &ci, 4);
-				if (ctr == want_idx)
+				if (ctr == want_idx) {
+					note_wait(t0);
 					return;
+				}
 				continue;
 			}
 		}
@@ -633,7 +653,7 @@ int main(int argc, char **argv)
 		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' },
 		{ "verbs-qp", no_argument, 0, 'V' }, { "bf-alternate", optional_argument, 0, 'A' },
 		{ "sigwait", no_argument, 0, 'S' }, { "churn", required_argument, 0, 'C' },
-		{ "churn-keep", no_argument, 0, 'K' },
+		{ "churn-keep", no_argument, 0, 'K' }, { "op-times", no_argument, 0, 'T' },
 		{ "interleave", required_argument, 0, 'I' }, { 0, 0, 0, 0 },
 	};
 	int ch;
@@ -651,6 +671,7 @@ int main(int argc, char **argv)
 		case 'S': g_sigwait = 1; break;
 		case 'C': g_churn = atoi(optarg); break;
 		case 'K': g_churn_keep = 1; break;
+		case 'T': g_optimes = 1; break;
 		case 'I': g_interleave = atoi(optarg); break;
 		case 'A': g_bfalt = optarg ? atoi(optarg) : 0; break;
 		default: fprintf(stderr, "usage: see source\n"); return 2;
@@ -742,6 +763,8 @@ int main(int argc, char **argv)
 			fails += f + atoi(txt) * 0;
 		}
 	}
+	if (g_optimes)
+		printf("OPTIMES waits=%lu max_ms=%.1f over_250ms=%lu\n", g_waits, g_wait_max * 1e3, g_waits_slow);
 	if (fails)
 		DIE(1, "%d check(s) failed", fails);
 	printf("RESULT OK\n");

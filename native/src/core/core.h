@@ -50,6 +50,8 @@ struct st_config {
 	uint32_t calib_ms;        /* periodic calibration pairs */
 	int signals;              /* install fatal-signal handlers */
 	int eager;                /* create the file at start even if unused */
+	uint32_t side_kb;         /* SIGMATRACE_SIDE_KB: the process side buffer (a poller's side ring: a quarter) */
+	uint32_t test_writer_delay_ms; /* test hook SIGMATRACE_TEST_WRITER_DELAY_MS: the writer sleeps before each chunk */
 	char node_id[256];
 	char launcher[32];
 };
@@ -221,10 +223,29 @@ int st_thread_register(struct st_thread *t) ST_HIDDEN;   /* writer.c */
 uint64_t st_process_uid(void) ST_HIDDEN;                 /* process.c */
 void st_flush_all(const char *reason, int sig) ST_HIDDEN; /* lifecycle.c */
 
-/* Side channel (side.c): variable-size records, process-wide, mutex protected.
- * Returns the side_id (> 0) or 0 when dropped. */
+/* Side channel (side.c): variable-size records.  Returns the side_id (> 0)
+ * or 0 when dropped (counted in the END footer).  Application threads share
+ * a mutex-protected buffer (bounded wait when full); a thread that must never
+ * wait (a hijack poller) opens a private lane first: its records then never
+ * take a lock or wait, and its events never wait for the writer either
+ * (SIGMATRACE_DROP_POLICY=block does not apply to it).  0 on success; on
+ * failure the thread still never waits (one try of the shared buffer). */
 uint64_t st_side_add(uint16_t kind, const void *a, size_t alen, const void *b, size_t blen,
 		     const void *c, size_t clen) ST_HIDDEN;
+int st_side_lane_open(void) ST_HIDDEN;
+void st_side_lane_close(void) ST_HIDDEN; /* the writer drains what is left, then frees it */
+extern __thread int st_tls_never_block ST_TLS ST_HIDDEN;
+/* Around a record made while holding a lock the pollers take. */
+static inline int st_never_block_begin(void)
+{
+	int old = st_tls_never_block;
+	st_tls_never_block = 1;
+	return old;
+}
+static inline void st_never_block_end(int old)
+{
+	st_tls_never_block = old;
+}
 static inline uint64_t st_side_json(const char *json, size_t len)
 {
 	return st_side_add(ST_SIDE_JSON, json, len, NULL, 0, NULL, 0);

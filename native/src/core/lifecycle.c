@@ -177,8 +177,10 @@ void st_activate(void)
 		st_owner_pid = getpid();
 		st_trace_uid = random_uid();
 		if (!st_side_buf) {
-			void *m = mmap(NULL, ST_SIDE_CAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			size_t cap = (size_t)st_cfg.side_kb * 1024;
+			void *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 			st_side_buf = (m == MAP_FAILED) ? NULL : m;
+			st_side_cap = st_side_buf ? cap : 0;
 		}
 		if (open_output() != 0) {
 			act_failed = 1;
@@ -228,6 +230,7 @@ static void final_pass(const char *reason, int sig, int have_lock)
 		dropped += t->dropped_total;
 		live++;
 	}
+	st_drain_lanes(1);
 	st_drain_side(sig == 0);
 	if (!st_tsc_hz_refined && st_have_calib_start) {
 		st_estimate_tsc_hz();
@@ -248,7 +251,8 @@ static void final_pass(const char *reason, int sig, int have_lock)
 		st_json_null(&j, "signal");
 	st_json_uint(&j, "events", st_total_events);
 	st_json_uint(&j, "dropped_events", dropped);
-	st_json_uint(&j, "dropped_side_bytes", st_dropped_side_bytes);
+	st_json_uint(&j, "dropped_side_bytes", __atomic_load_n(&st_dropped_side_bytes, __ATOMIC_RELAXED));
+	st_json_uint(&j, "dropped_side_records", __atomic_load_n(&st_dropped_side_records, __ATOMIC_RELAXED));
 	st_json_uint(&j, "chunks_written", st_chunks_written + 1);
 	st_json_uint(&j, "threads", st_threads_seen);
 	st_json_open(&j, "thread_drops", '{');
@@ -344,6 +348,8 @@ static void atfork_child(void)
 	st_nthreads = 0;
 	st_next_thread_index = 1;
 	st_total_events = st_total_dropped_reclaimed = st_chunks_written = st_dropped_side_bytes = 0;
+	st_dropped_side_records = 0;
+	st_side_atfork_child();
 	st_threads_seen = 0;
 	st_side_len = st_side_count = 0;
 	st_next_side_id = 1;

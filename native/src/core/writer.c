@@ -44,6 +44,7 @@ static uint32_t wsleeping;
 
 /* scratch buffer: used only under io_lock */
 static struct st_aggregate aggbuf[512];
+static __thread int tls_is_writer ST_TLS; /* the writer thread (SIGMATRACE_TEST_WRITER_DELAY_MS) */
 
 static pid_t gettid_(void)
 {
@@ -139,6 +140,11 @@ void st_write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, const 
 	h.crc32 = crc;
 	struct iovec iov[4] = {{&h, sizeof(h)}, {(void *)p, len}, {(void *)p2, len2}, {(void *)zeros, pad}};
 	int saved = errno;
+	if (unlikely(st_cfg.test_writer_delay_ms) && tls_is_writer) {
+		/* test hook: a slow disk (the writer thread only; never the final pass) */
+		struct timespec ts = {(time_t)(st_cfg.test_writer_delay_ms / 1000), (long)(st_cfg.test_writer_delay_ms % 1000) * 1000000L};
+		nanosleep(&ts, NULL);
+	}
 	if (write_all(iov, 4) == 0)
 		st_chunks_written++;
 	errno = saved;
@@ -289,6 +295,7 @@ static void drain_all(int partial, int final)
 	(void)final;
 	st_io_lock();
 	if (!st_trace_closed) {
+		st_drain_lanes(0);
 		st_drain_side(1);
 		if (__atomic_load_n(&st_header_dirty, __ATOMIC_ACQUIRE))
 			st_write_process_header();
@@ -308,6 +315,7 @@ void st_writer_kick(void)
 void *st_writer_main(void *arg)
 {
 	(void)arg;
+	tls_is_writer = 1;
 	/* TSC frequency: from the load-time calibration to now (at least 2 ms,
 	 * so the header is usable for short programs); refined at exit. */
 	struct st_calibration now;

@@ -20,7 +20,6 @@
 #include "core.h"
 
 #define ST_MAX_THREADS 4096
-#define ST_SIDE_CAP (4u << 20)
 
 /* ---- the file (writer.c) ------------------------------------------------- */
 extern int st_trace_fd ST_HIDDEN;       /* -1 until activation opens it */
@@ -55,14 +54,20 @@ extern uint32_t st_threads_seen ST_HIDDEN;
 
 void *st_writer_main(void *arg) ST_HIDDEN;
 
-/* ---- side channel (side.c): under st_side_lock ---------------------------- */
+/* ---- side channel (side.c): the shared buffer under st_side_lock --------- */
 extern pthread_mutex_t st_side_lock ST_HIDDEN;
-extern unsigned char *st_side_buf ST_HIDDEN; /* ST_SIDE_CAP bytes, mapped at activation */
+extern unsigned char *st_side_buf ST_HIDDEN; /* st_side_cap bytes, mapped at activation */
+extern size_t st_side_cap ST_HIDDEN;         /* SIGMATRACE_SIDE_KB */
 extern size_t st_side_len ST_HIDDEN;
 extern uint32_t st_side_count ST_HIDDEN;
-extern uint64_t st_next_side_id ST_HIDDEN;
-extern uint64_t st_dropped_side_bytes ST_HIDDEN; /* atomic */
-void st_drain_side(int blocking) ST_HIDDEN; /* io lock held */
+extern uint64_t st_next_side_id ST_HIDDEN;         /* atomic */
+extern uint64_t st_dropped_side_bytes ST_HIDDEN;   /* atomic */
+extern uint64_t st_dropped_side_records ST_HIDDEN; /* atomic */
+/* io lock held.  blocking 0: try the side lock once; 0 if not taken. */
+int st_drain_side(int blocking) ST_HIDDEN;
+/* io lock held: the private lanes (pollers); final: never frees one. */
+void st_drain_lanes(int final) ST_HIDDEN;
+void st_side_atfork_child(void) ST_HIDDEN;
 
 /* ---- process identity (process.c) ----------------------------------------- */
 extern struct st_calibration st_calib_start ST_HIDDEN; /* taken at load (and in a fork child) */

@@ -82,8 +82,11 @@ static void report_stuck(struct page *pg, const char *when)
 	if (pg->cpuproxy)
 		st_json_bool(&j, "cpu_doorbells", 1);
 	st_json_close(&j, '}');
+	/* hijack_lock is held (the pollers take it): never wait for the writer here */
+	int nb = st_never_block_begin();
 	st_side_json(buf, j.len);
 	st_ev(ST_EV_DB_HIJACK_REMOVE, 0, pg->page_id, seen);
+	st_never_block_end(nb);
 }
 
 /* hijack_stop_page, waiting until deadline at most. */

@@ -467,6 +467,9 @@ void *hijack_poller(void *arg)
 {
 	struct page *pg = arg;
 	st_tls_depth++; /* nothing this thread calls is the application's */
+	/* never wait for the writer: side records go to a ring of this thread's,
+	 * events are dropped (and counted) rather than waited for */
+	st_side_lane_open();
 	char name[16];
 	snprintf(name, sizeof name, "st-poll-%u", pg->page_id);
 	pthread_setname_np(pthread_self(), name);
@@ -588,6 +591,7 @@ void *hijack_poller(void *arg)
 	}
 	hijack_poller_teardown_cuda(pg);
 	st_thread_exit_current();
+	st_side_lane_close();
 	if (quiesce) {
 		__atomic_store_n(&pg->quiesced, 1, __ATOMIC_RELEASE);
 		forward_only(pg);

@@ -147,8 +147,14 @@ static void parse_pend(struct page *pg, struct pend *p)
 	if (i) {
 		struct st_side_wqe h = {s->qpn, (uint16_t)p->first, (uint16_t)i, s->log_sq, ST_WQE_F_VERIFIED};
 		uint64_t id = st_side_add(ST_SIDE_WQE_BYTES, &h, sizeof h, b, (size_t)i * 64, NULL, 0);
-		st_ev(ST_EV_DB_WQE, (uint16_t)p->first, s->qpn, id);
-		s->wqebb_ok += i;
+		if (id) {
+			st_ev(ST_EV_DB_WQE, (uint16_t)p->first, s->qpn, id);
+			s->wqebb_ok += i;
+		} else {
+			/* the poller's side ring was full (the writer is behind): never wait, say so */
+			st_ev_ext(ST_EV_DB_WQE_LOST, (uint16_t)p->first, s->qpn, i, 0, 0, ST_WQE_LOST_TRACE_DROPPED, 0);
+			s->wqebb_lost += i;
+		}
 	}
 	if (i < p->cnt) {
 		st_ev_ext(ST_EV_DB_WQE_LOST, (uint16_t)(p->first + i), s->qpn, p->cnt - i, 0, 0, reason, 0);
