@@ -263,3 +263,33 @@ def test_run_end_to_end_with_hammer(tmp_path, bins):
     (p,) = read_capture(out).processes
     agg = p.aggregates[p.aggregates["type"] == E.value("OFI_CQ_READ")]
     assert int(agg["count"].sum()) == 20000 and p.header["launcher"] == "sigmatrace-run"
+
+
+SIGEXIT = _native.find("tracer_sigexit")
+
+
+@pytest.mark.skipif(LIB is None or SIGEXIT is None, reason="needs libsigmatrace.so and tracer_sigexit (emulated HCA)")
+@pytest.mark.parametrize("loop,threads", [("side", 1), ("side", 3), ("header", 1)])
+def test_exit_from_signal_handler_never_hangs(tmp_path, loop, threads):
+    """Issue 12 finding 3: a SIGALRM handler calls _exit while the interrupted thread holds one of the
+    tracer's locks (the side lock while a 120 KiB PRM record is copied, or the identity lock while the NIC
+    list is published).  The _exit path takes nothing it cannot have: bounded tries, no joins, so it never
+    hangs, and the trace it leaves is readable and ends with END (records that were still in the shared
+    side buffer, behind a lock the interrupted thread holds, are counted lost)."""
+    from native_util import cleanup_fabric, emu_env, new_fabric
+
+    for it in range(12):
+        fab = new_fabric()
+        out = tmp_path / f"t{it}"
+        env = emu_env(fab, 0x21, LD_PRELOAD=str(LIB), SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_MODE="full")
+        after = 3000 + 2500 * it
+        try:
+            r = subprocess.run([SIGEXIT, "--loop", loop, "--after-us", str(after), "--threads", str(threads)], env=env,
+                               capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"iteration {it}: the _exit in the signal handler hung (timer {after} us)")
+        finally:
+            cleanup_fabric(fab)
+        assert r.returncode == 7 and "ARMED" in r.stdout, (r.returncode, r.stdout, r.stderr)
+        (p,) = read_capture(out).processes
+        assert p.header is not None and p.complete and p.end["reason"] == "exit", it

@@ -20,6 +20,8 @@ int st_initialized;
 void st_writer_init(void) ST_HIDDEN;
 void st_writer_register_atfork(void) ST_HIDDEN;
 void st_process_exit(const char *reason) ST_HIDDEN;
+void st_process_exit_safe(const char *reason) ST_HIDDEN;
+static void (*real_exit_fn)(int); /* resolved at load: never a dlsym in a signal handler */
 
 static void at_exit(void)
 {
@@ -40,6 +42,7 @@ void st_init(void)
 	st_interpose_init();
 	st_writer_init();
 	st_writer_register_atfork();
+	real_exit_fn = (void (*)(int))st_resolve_next("_exit");
 	atexit(at_exit);
 	st_initialized = 1;
 	if (st_cfg.enabled && st_cfg.eager)
@@ -74,15 +77,14 @@ ST_EXPORT pid_t fork(void)
 
 /* A process that leaves with _exit() skips atexit handlers: write the END
  * chunk anyway (only in the process that owns the trace: a vfork child
- * shares our memory and must not touch it). */
+ * shares our memory and must not touch it).  _exit is async-signal-safe and
+ * programs call it from signal handlers, so this path is too: bounded tries
+ * of every lock (st_process_exit_safe), the real _exit resolved at load. */
 ST_EXPORT void _exit(int status)
 {
-	static void (*real)(int);
-	st_process_exit("exit");
-	if (!real)
-		real = (void (*)(int))st_resolve_next("_exit");
-	if (real)
-		real(status);
+	st_process_exit_safe("exit");
+	if (real_exit_fn)
+		real_exit_fn(status);
 	syscall(231 /* exit_group */, status);
 	__builtin_unreachable();
 }

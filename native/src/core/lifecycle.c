@@ -35,7 +35,7 @@ static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL, SI
 
 /* ---- signals ----------------------------------------------------------------- */
 
-static void final_pass(const char *reason, int sig, int have_lock);
+static void final_pass(const char *reason, int sig, int have_lock, int safe);
 
 static void on_signal(int sig, siginfo_t *si, void *uctx)
 {
@@ -50,7 +50,8 @@ static void on_signal(int sig, siginfo_t *si, void *uctx)
 				uint32_t n = __atomic_load_n(&st_nthreads, __ATOMIC_ACQUIRE);
 				for (uint32_t i = 0; i < n; i++)
 					st_drain_thread(i, 1, 0);
-				st_drain_side(0);
+				st_drain_lanes(1);
+				st_drain_side(ST_LOCK_BOUNDED);
 			}
 			st_io_unlock();
 		}
@@ -62,7 +63,7 @@ static void on_signal(int sig, siginfo_t *si, void *uctx)
 		return;
 	}
 	if (getpid() == st_owner_pid && st_io_trylock_bounded() == 0)
-		final_pass("signal", sig, 1);
+		final_pass("signal", sig, 1, 1);
 	/* restore the original disposition and re-raise */
 	sigaction(sig, old, NULL);
 	errno = saved;
@@ -177,8 +178,13 @@ void st_activate(void)
 		st_owner_pid = getpid();
 		st_trace_uid = random_uid();
 		if (!st_side_buf) {
+			/* two halves: one fills while the writer writes the other */
 			size_t cap = (size_t)st_cfg.side_kb * 1024;
-			void *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			void *m = mmap(NULL, 2 * cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (m == MAP_FAILED)
+				m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			else
+				st_side_spare = (unsigned char *)m + cap;
 			st_side_buf = (m == MAP_FAILED) ? NULL : m;
 			st_side_cap = st_side_buf ? cap : 0;
 		}
@@ -211,33 +217,60 @@ void st_activate(void)
 
 /* ---- final pass ---------------------------------------------------------------------- */
 
-static void final_pass(const char *reason, int sig, int have_lock)
+/* The decimal digits of v (async-signal-safe, unlike snprintf). */
+static void utoa(char *out, uint64_t v)
 {
-	if (!have_lock)
-		st_io_lock();
+	char tmp[24];
+	int n = 0;
+	do
+		tmp[n++] = (char)('0' + v % 10);
+	while ((v /= 10) && n < 23);
+	for (int i = 0; i < n; i++)
+		out[i] = tmp[n - 1 - i];
+	out[n] = 0;
+}
+
+/* Everything committed, an END calibration and the END chunk.  safe: the
+ * fatal-signal and _exit paths, which may run in a signal handler that
+ * interrupted a thread holding any of the tracer's locks: every lock is only
+ * tried, for a bounded time (the io lock: never when this thread holds it),
+ * and what stays behind a lock that could not be had is counted lost. */
+static void final_pass(const char *reason, int sig, int have_lock, int safe)
+{
+	if (!have_lock) {
+		if (safe) {
+			if (st_io_trylock_bounded() != 0)
+				return; /* the file keeps what the writer flushed (no END) */
+		} else
+			st_io_lock();
+	}
 	if (st_trace_closed) {
 		st_io_unlock();
 		return;
 	}
 	uint32_t n = __atomic_load_n(&st_nthreads, __ATOMIC_ACQUIRE);
 	uint64_t dropped = st_total_dropped_reclaimed;
-	uint32_t live = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		struct st_thread *t = __atomic_load_n(&st_threads[i], __ATOMIC_ACQUIRE);
 		if (!t)
 			continue;
 		st_drain_thread(i, 1, 1);
 		dropped += t->dropped_total;
-		live++;
 	}
 	st_drain_lanes(1);
-	st_drain_side(sig == 0);
+	int how = safe ? ST_LOCK_BOUNDED : ST_LOCK_WAIT;
+	if (!st_drain_side(how)) {
+		/* the side lock is held (by the thread we interrupted): its buffer is lost (a racy read, the
+		 * process is ending) */
+		__atomic_fetch_add(&st_dropped_side_records, st_side_count, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&st_dropped_side_bytes, st_side_len, __ATOMIC_RELAXED);
+	}
 	if (!st_tsc_hz_refined && st_have_calib_start) {
 		st_estimate_tsc_hz();
 		st_tsc_hz_refined = 1;
-		st_write_process_header(); /* the last PROCESS chunk of a uid is authoritative */
+		st_write_process_header(how); /* the last PROCESS chunk of a uid is authoritative */
 	} else if (st_header_dirty) {
-		st_write_process_header();
+		st_write_process_header(how);
 	}
 	st_write_calibration(ST_CALIB_END);
 
@@ -259,8 +292,8 @@ static void final_pass(const char *reason, int sig, int have_lock)
 	for (uint32_t i = 0; i < n; i++) {
 		struct st_thread *t = __atomic_load_n(&st_threads[i], __ATOMIC_ACQUIRE);
 		if (t && t->dropped_total) {
-			char k[16];
-			snprintf(k, sizeof(k), "%u", t->index);
+			char k[24];
+			utoa(k, t->index);
 			st_json_uint(&j, k, t->dropped_total);
 		}
 	}
@@ -268,25 +301,30 @@ static void final_pass(const char *reason, int sig, int have_lock)
 	st_json_close(&j, '}');
 	st_write_json_chunk(ST_CHUNK_END, 0, &j);
 	__atomic_store_n(&st_trace_closed, 1, __ATOMIC_RELEASE);
-	(void)live;
 	st_io_unlock();
 	st_writer_kick(); /* let the writer see `closed` and exit */
 }
 
-void st_flush_all(const char *reason, int sig)
+static int owns_trace(void)
 {
-	if (!__atomic_load_n(&st_active, __ATOMIC_ACQUIRE) || getpid() != st_owner_pid || st_trace_closed)
-		return;
-	final_pass(reason, sig, 0);
+	return __atomic_load_n(&st_active, __ATOMIC_ACQUIRE) && getpid() == st_owner_pid && !st_trace_closed;
 }
 
-/* atexit / destructor / _exit: this thread's buffers first, then the rest. */
+void st_flush_all(const char *reason, int sig)
+{
+	if (!owns_trace())
+		return;
+	final_pass(reason, sig, 0, 0);
+}
+
+/* atexit / destructor: this thread's buffers first, then the rest; the
+ * writer is given a moment to finish (bounded). */
 ST_HIDDEN void st_process_exit(const char *reason)
 {
-	if (!__atomic_load_n(&st_active, __ATOMIC_ACQUIRE) || getpid() != st_owner_pid || st_trace_closed)
+	if (!owns_trace())
 		return;
 	st_thread_exit_current();
-	final_pass(reason, 0, 0);
+	final_pass(reason, 0, 0, 0);
 	if (writer_running) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -298,6 +336,17 @@ ST_HIDDEN void st_process_exit(const char *reason)
 		close(st_trace_fd);
 		st_trace_fd = -1;
 	}
+}
+
+/* _exit, possibly from a signal handler: async-signal-safe.  The calling
+ * thread's ring is read as it stands (its committed records; handing its
+ * chunks over could race with the code the handler interrupted), no join
+ * (the process ends with this call), bounded tries of every lock. */
+ST_HIDDEN void st_process_exit_safe(const char *reason)
+{
+	if (!owns_trace())
+		return;
+	final_pass(reason, 0, 0, 1);
 }
 
 /* ---- fork ------------------------------------------------------------------------- */

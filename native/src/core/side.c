@@ -28,6 +28,7 @@
 
 pthread_mutex_t st_side_lock = PTHREAD_MUTEX_INITIALIZER;
 unsigned char *st_side_buf;
+unsigned char *st_side_spare;
 size_t st_side_cap;
 size_t st_side_len;
 uint32_t st_side_count;
@@ -206,20 +207,38 @@ void st_side_atfork_child(void)
 
 /* ---- the shared buffer ------------------------------------------------------ */
 
-/* The writer's half (io lock held).  blocking = 0 on the signal paths: skip
- * rather than wait for a side lock the interrupted thread may hold. */
-int st_drain_side(int blocking)
+/* The writer's half (io lock held).  The side lock is held only to swap the
+ * two halves of the buffer: producers never wait for the disk, and the half
+ * being written is the io lock holder's alone.  how (enum st_lock_how): the
+ * writer only tries (it retries on its next round), the signal and _exit
+ * paths try for a bounded time (the interrupted thread may hold the lock);
+ * 0 if it was not taken (the records stay for a later drain, or are counted
+ * lost by the final pass). */
+int st_drain_side(int how)
 {
-	if (blocking)
-		pthread_mutex_lock(&st_side_lock);
-	else if (pthread_mutex_trylock(&st_side_lock) != 0)
+	if (st_mutex_take(&st_side_lock, how) != 0)
 		return 0;
-	if (st_side_len) {
-		st_write_chunk(ST_CHUNK_SIDE, 0, st_side_count, st_side_buf, st_side_len, NULL, 0);
+	unsigned char *full = st_side_buf;
+	size_t len = st_side_len;
+	uint32_t count = st_side_count;
+	if (len && st_side_spare) {
+		st_side_buf = st_side_spare;
+		st_side_spare = full;
 		st_side_len = 0;
 		st_side_count = 0;
 	}
 	pthread_mutex_unlock(&st_side_lock);
+	if (len && st_side_spare == full)
+		st_write_chunk(ST_CHUNK_SIDE, 0, count, full, len, NULL, 0);
+	else if (len) {
+		/* no second half (mmap failed): written under the lock, as before */
+		if (st_mutex_take(&st_side_lock, how) != 0)
+			return 0;
+		st_write_chunk(ST_CHUNK_SIDE, 0, st_side_count, st_side_buf, st_side_len, NULL, 0);
+		st_side_len = 0;
+		st_side_count = 0;
+		pthread_mutex_unlock(&st_side_lock);
+	}
 	return 1;
 }
 

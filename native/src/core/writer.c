@@ -67,20 +67,52 @@ void st_io_lock(void)
 	}
 }
 
-/* Bounded: for signal handlers.  Fails when we interrupted ourselves. */
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts); /* async-signal-safe */
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Bounded (about a second, by the clock): for signal handlers and _exit.
+ * Fails at once when we interrupted ourselves. */
 int st_io_trylock_bounded(void)
 {
 	int me = gettid_(), zero;
 	if (__atomic_load_n(&st_io_owner, __ATOMIC_RELAXED) == me)
 		return -1;
-	for (unsigned i = 0; i < 50000; i++) { /* ~1 s */
+	uint64_t deadline = mono_ns() + 1000000000ull;
+	for (;;) {
 		zero = 0;
 		if (__atomic_compare_exchange_n(&st_io_owner, &zero, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 			return 0;
+		if (mono_ns() >= deadline)
+			return -1;
 		struct timespec ts = {0, 20000};
 		nanosleep(&ts, NULL);
 	}
-	return -1;
+}
+
+int st_mutex_take(pthread_mutex_t *m, int how)
+{
+	if (how == ST_LOCK_WAIT)
+		return pthread_mutex_lock(m);
+	if (how == ST_LOCK_TRY)
+		return pthread_mutex_trylock(m);
+	return st_mutex_lock_bounded(m, 200);
+}
+
+int st_mutex_lock_bounded(pthread_mutex_t *m, unsigned ms)
+{
+	uint64_t deadline = mono_ns() + (uint64_t)ms * 1000000ull;
+	for (;;) {
+		if (pthread_mutex_trylock(m) == 0)
+			return 0;
+		if (mono_ns() >= deadline)
+			return -1;
+		struct timespec ts = {0, 20000};
+		nanosleep(&ts, NULL);
+	}
 }
 
 void st_io_unlock(void)
@@ -296,9 +328,9 @@ static void drain_all(int partial, int final)
 	st_io_lock();
 	if (!st_trace_closed) {
 		st_drain_lanes(0);
-		st_drain_side(1);
+		st_drain_side(ST_LOCK_TRY);
 		if (__atomic_load_n(&st_header_dirty, __ATOMIC_ACQUIRE))
-			st_write_process_header();
+			st_write_process_header(ST_LOCK_TRY);
 	}
 	st_io_unlock();
 }
@@ -328,7 +360,7 @@ void *st_writer_main(void *arg)
 	st_estimate_tsc_hz();
 
 	st_io_lock();
-	st_write_process_header();
+	st_write_process_header(ST_LOCK_BOUNDED); /* not taken in 200 ms: written on a later round (dirty) */
 	if (st_have_calib_start)
 		st_write_chunk(ST_CHUNK_CALIBRATION, 0, 1, &st_calib_start, sizeof(st_calib_start), NULL, 0);
 	st_io_unlock();
