@@ -284,8 +284,18 @@ static inline void st_json_begin_object(struct st_json *j, char *buf, size_t cap
 }
 
 /* ---- object ids (objmap.c): pointer -> small id, lock-free lookups ----- */
+/* is_new != NULL: the object was just created (a fresh id).  0: NULL, or an
+ * object the full table could not take (counted; see objmap.c). */
 uint32_t st_obj_id(const void *ptr, int *is_new) ST_HIDDEN;
 uint32_t st_obj_next_id(void) ST_HIDDEN;
+/* Destroy/close wrappers, after the object went: its entry is freed. */
+void st_obj_forget(const void *ptr) ST_HIDDEN;
+struct st_obj_stats {
+	unsigned live, peak, capacity;
+	uint64_t unmapped, first_seen_on_use;
+};
+void st_obj_stats(struct st_obj_stats *out) ST_HIDDEN;
+void st_objmap_atfork_child(void) ST_HIDDEN;
 
 /* ---- initialisation (init.c) ------------------------------------------- */
 void st_init(void) ST_HIDDEN;

@@ -288,6 +288,15 @@ static void final_pass(const char *reason, int sig, int have_lock, int safe)
 	st_json_uint(&j, "dropped_side_records", __atomic_load_n(&st_dropped_side_records, __ATOMIC_RELAXED));
 	st_json_uint(&j, "chunks_written", st_chunks_written + 1);
 	st_json_uint(&j, "threads", st_threads_seen);
+	struct st_obj_stats os;
+	st_obj_stats(&os);
+	st_json_open(&j, "object_ids", '{');
+	st_json_uint(&j, "live", os.live);
+	st_json_uint(&j, "peak", os.peak);
+	st_json_uint(&j, "capacity", os.capacity);
+	st_json_uint(&j, "unmapped", os.unmapped);
+	st_json_uint(&j, "first_seen_on_use", os.first_seen_on_use);
+	st_json_close(&j, '}');
 	st_json_open(&j, "thread_drops", '{');
 	for (uint32_t i = 0; i < n; i++) {
 		struct st_thread *t = __atomic_load_n(&st_threads[i], __ATOMIC_ACQUIRE);

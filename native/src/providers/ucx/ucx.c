@@ -267,18 +267,31 @@ static inline void ep_closing(ucp_ep_h ep, uint16_t how)
 	}
 }
 
+/* After a close or destroy the endpoint's id entry goes (core/objmap.c): UCX
+ * may hand the address out again for another endpoint.  Always, traced or
+ * not (the entry was made while tracing). */
 ST_EXPORT ucs_status_ptr_t ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
 {
 	ep_closing(ep, 0);
 	__typeof__(real_ucp_ep_close_nbx) real = R(ucp_ep_close_nbx);
-	return real(ep, param);
+	ucs_status_ptr_t r = real(ep, param);
+	int saved = errno;
+	if (!UCS_PTR_IS_ERR(r))
+		st_obj_forget(ep);
+	errno = saved;
+	return r;
 }
 
 ST_EXPORT ucs_status_ptr_t ucp_ep_close_nb(ucp_ep_h ep, unsigned mode)
 {
 	ep_closing(ep, 0);
 	__typeof__(real_ucp_ep_close_nb) real = R(ucp_ep_close_nb);
-	return real(ep, mode);
+	ucs_status_ptr_t r = real(ep, mode);
+	int saved = errno;
+	if (!UCS_PTR_IS_ERR(r))
+		st_obj_forget(ep);
+	errno = saved;
+	return r;
 }
 
 ST_EXPORT void ucp_ep_destroy(ucp_ep_h ep)
@@ -286,6 +299,18 @@ ST_EXPORT void ucp_ep_destroy(ucp_ep_h ep)
 	ep_closing(ep, 1);
 	__typeof__(real_ucp_ep_destroy) real = R(ucp_ep_destroy);
 	real(ep);
+	int saved = errno;
+	st_obj_forget(ep);
+	errno = saved;
+}
+
+ST_EXPORT void ucp_worker_destroy(ucp_worker_h worker)
+{
+	__typeof__(real_ucp_worker_destroy) real = R(ucp_worker_destroy);
+	real(worker);
+	int saved = errno;
+	st_obj_forget(worker);
+	errno = saved;
 }
 
 /* ---- hook table (dlsym injection) ------------------------------------------------------ */
