@@ -254,7 +254,7 @@ uint64_t st_side_add(uint16_t kind, const void *a, size_t alen, const void *b, s
 		errno = saved;
 		return id;
 	}
-	if (!st_active || !st_side_buf || need > st_side_cap || len > UINT32_MAX) {
+	if (!st_active || !st_side_cap || need > st_side_cap || len > UINT32_MAX) { /* cap: set once at activation */
 		count_drop(len);
 		return 0;
 	}
