@@ -194,7 +194,7 @@ int st_thread_register(struct st_thread *t)
 	pthread_mutex_lock(&st_thread_reg_lock);
 	uint32_t slot = ST_MAX_THREADS;
 	for (uint32_t i = 0; i < st_nthreads; i++)
-		if (!st_threads[i]) {
+		if (!__atomic_load_n(&st_threads[i], __ATOMIC_ACQUIRE)) { /* the writer frees slots (reclaim) */
 			slot = i;
 			break;
 		}

@@ -487,12 +487,12 @@ void *hijack_poller(void *arg)
 	for (;;) {
 		uint32_t sync = __atomic_load_n(&pg->sync_seq, __ATOMIC_ACQUIRE);
 		if (sync != __atomic_load_n(&pg->sync_ack, __ATOMIC_RELAXED)) {
-			/* a QP of this page is being forgotten: take what was rung, finish
-			 * every copy, then nothing reads its SQ any more */
+			/* a QP or umem of this page is being forgotten: take what was rung,
+			 * finish every copy, then nothing reads its SQ any more */
 			scan(pg);
 			hijack_close_batch(pg);
 			hijack_drain(pg, 1);
-			hijack_page_qp_gc(pg); /* the forgotten QP's state goes, its entry is free again */
+			hijack_page_qp_refresh(pg); /* the forgotten QP's state goes, SQ pointers are looked up again */
 			__atomic_store_n(&pg->sync_ack, sync, __ATOMIC_RELEASE);
 			idle_since = 0;
 			sleep_us = 1;

@@ -57,6 +57,21 @@ void hijack_page_qp_gc(struct page *pg)
 			qpstate_free(pg, &pg->qs[i]);
 }
 
+void hijack_page_qp_refresh(struct page *pg)
+{
+	hijack_page_qp_gc(pg);
+	for (int i = 0; i < pg->nqs; i++) {
+		struct qpstate *s = &pg->qs[i];
+		if (!s->used || (!s->have_sq && !s->dbr))
+			continue;
+		struct qp_rec *q = hijack_qp_slot(s->qpn, 0);
+		if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE) && __atomic_load_n(&q->gen, __ATOMIC_ACQUIRE) == s->gen)
+			qpstate_load(s, q); /* its umems may be gone: have_sq / dbr follow */
+		else
+			s->have_sq = 0, s->dbr = 0; /* recreated or gone: hijack_page_qp starts it over */
+	}
+}
+
 struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn)
 {
 	struct qpstate *fresh = NULL;
