@@ -293,3 +293,42 @@ def test_exit_from_signal_handler_never_hangs(tmp_path, loop, threads):
         assert r.returncode == 7 and "ARMED" in r.stdout, (r.returncode, r.stdout, r.stderr)
         (p,) = read_capture(out).processes
         assert p.header is not None and p.complete and p.end["reason"] == "exit", it
+
+
+_FORK_EXEC = """
+import ctypes, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+if sys.argv[2] == "mark":
+    lib.sigmatrace_mark(b"parent")
+pid = os.fork()
+if pid == 0:
+    if sys.argv[2] == "mark":
+        lib.sigmatrace_mark(b"child before exec")
+    os.execv("/bin/true", ["true"])
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.skipif(LIB is None, reason="needs build/dev/libsigmatrace.so")
+@pytest.mark.parametrize("eager,mark", [("1", "none"), ("0", "mark"), ("1", "mark")])
+def test_fork_exec_leaves_only_complete_files(tmp_path, eager, mark):
+    """Issue 12 finding 10: a forked child that execs (a shell, subprocess) skips atexit, so a trace it had open
+    never got END -- with SIGMATRACE_EAGER=1 every such child opened one at fork.  Now a fork child of an eager
+    process opens its file on its first event (or at exit), not at fork, and exec ends an open trace with END
+    (reason "exec").  Every file written is complete; the exec'd /bin/true writes its own (eager)."""
+    out = tmp_path / "t"
+    r = subprocess.run([sys.executable, "-c", _FORK_EXEC, str(LIB), mark],
+                       env=traced_env(out, SIGMATRACE_EAGER=eager), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    files = sorted(out.glob("*.trace"))
+    procs = []
+    for f in files:  # every file: one process, header and END (an empty file is a trace without either)
+        ps = read_capture(f).processes
+        assert len(ps) == 1 and ps[0].header is not None and ps[0].complete, (f.name, f.stat().st_size)
+        procs.append(ps[0])
+    reasons = sorted(p.end["reason"] for p in procs)
+    if mark == "mark":  # the child recorded before its exec: its trace ends there
+        assert reasons.count("exec") == 1, reasons
+    n_true = sum(1 for p in procs if p.header["exe"].endswith("/true"))
+    assert n_true == (1 if eager == "1" else 0)
+    assert len(procs) == 1 + (mark == "mark") + (eager == "1"), [p.header["exe"] for p in procs]

@@ -314,6 +314,8 @@ static void final_pass(const char *reason, int sig, int have_lock, int safe)
 	st_writer_kick(); /* let the writer see `closed` and exit */
 }
 
+static int eager_pending; /* a fork child of an eager process: activate at exit if nothing did before */
+
 static int owns_trace(void)
 {
 	return __atomic_load_n(&st_active, __ATOMIC_ACQUIRE) && getpid() == st_owner_pid && !st_trace_closed;
@@ -330,6 +332,10 @@ void st_flush_all(const char *reason, int sig)
  * writer is given a moment to finish (bounded). */
 ST_HIDDEN void st_process_exit(const char *reason)
 {
+	if (eager_pending && !__atomic_load_n(&st_active, __ATOMIC_ACQUIRE)) {
+		eager_pending = 0;
+		st_activate(); /* SIGMATRACE_EAGER in a fork child that recorded nothing: its file (header, END) */
+	}
 	if (!owns_trace())
 		return;
 	st_thread_exit_current();
@@ -358,6 +364,16 @@ ST_HIDDEN void st_process_exit_safe(const char *reason)
 	final_pass(reason, 0, 0, 1);
 }
 
+/* exec replaces the image without atexit: an open trace ends here (END,
+ * reason "exec"), async-signal-safe as exec is.  1 if it was ended. */
+ST_HIDDEN int st_process_exec(void)
+{
+	if (!owns_trace())
+		return 0;
+	final_pass("exec", 0, 0, 1);
+	return 1;
+}
+
 /* ---- fork ------------------------------------------------------------------------- */
 
 static void atfork_prepare(void)
@@ -384,7 +400,11 @@ static void atfork_child(void)
 	pthread_mutex_init(&st_side_lock, NULL);
 	pthread_mutex_init(&act_lock, NULL);
 	pthread_mutex_init(&st_ident_lock, NULL);
-	int was_active = st_active;
+	/* SIGMATRACE_EAGER: the child's file is made on its first event or at its
+	 * exit, not here: a child that execs (a shell, subprocess) would leave
+	 * a file without END (exec skips atexit), and an atfork child handler
+	 * of a multi-threaded parent should not open files and start threads */
+	eager_pending = st_active && st_cfg.eager;
 	st_active = 0;
 	act_failed = 0;
 	st_trace_closed = 0;
@@ -421,8 +441,6 @@ static void atfork_child(void)
 			sigaction(s, &old_act[s], NULL);
 			sig_installed[s] = 0;
 		}
-	if (was_active && st_cfg.eager)
-		st_activate();
 }
 
 ST_HIDDEN void st_writer_register_atfork(void)
