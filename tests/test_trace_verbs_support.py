@@ -177,3 +177,22 @@ def test_object_id_overflow_is_reported(tmp_path, fabric):
     assert cap.table("IBV_CREATE_CQ")["cq"].tolist() == [0] * 200  # the table is full of PDs
     ids = p.end["object_ids"]
     assert ids["capacity"] == 500 and ids["unmapped"] >= 800 - 499, ids
+
+
+@needs_tracer
+@pytest.mark.skipif(OBJCHURN is None, reason="emu_objchurn not built (cmake --build build/dev)")
+def test_closed_contexts_free_their_entries(tmp_path, fabric):
+    """Issue 12 finding 10: the ibv provider keeps a copy of each context's ops in a table of 64 entries, and a
+    closed context's entry was never given to another context: after 64 contexts at distinct addresses (a
+    program that opens and closes devices for long) every new one went untraced.  Closed entries are reused:
+    300 contexts in rounds of 60, each with one write, all traced."""
+    n = 300
+    out = tmp_path / "trace"
+    r = subprocess.run([str(OBJCHURN), "--reopen", str(n)], env=env_for(fabric, 0x32, out), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and f"REOPEN n={n} ok={n}" in r.stdout, r.stdout + r.stderr
+    distinct = int(r.stdout.split("distinct=")[1].split()[0])
+    assert distinct > 64  # the client made the contexts land at new addresses
+    assert "not traced" not in r.stderr, r.stderr
+    by = read_capture(out).count_by_type()
+    assert by["IBV_OPEN_DEVICE"] == n + 1 and by["IBV_CLOSE_DEVICE"] == n + 1 and by["IBV_POST_SEND"] == n, by

@@ -322,7 +322,7 @@ ST_EXPORT int ibv_close_device(struct ibv_context *ctx)
 	st_rdma_leave();
 	int saved = errno;
 	if (ret == 0 && c)
-		c->closed = 1; /* keep the entry: its function pointers stay valid */
+		c->closed = 1; /* its function pointers stay valid until another context takes the entry */
 	st_ev(ST_EV_IBV_CLOSE_DEVICE, 0, id, (uint64_t)(int64_t)ret);
 	if (ret == 0)
 		st_obj_forget(ctx);

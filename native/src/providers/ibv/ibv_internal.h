@@ -11,9 +11,11 @@
  *             built between wr_start and wr_complete.
  * Entries are created under a mutex at object creation (rare) and never
  * moved or freed, so a wrapper racing with a close still finds valid
- * function pointers.  A destroyed QP's slot is reused by the next QP whose
- * probe window holds it (with its qp_ex allocations), so the QP table never
- * fills up in a process that creates and destroys QPs without end.
+ * function pointers.  They are reused: a closed context's entry (its copied
+ * ops) by the next context opened, a destroyed QP's slot by the next QP whose
+ * probe window holds it (with its qp_ex allocations), so the tables never
+ * fill up in a process that opens and closes, creates and destroys without
+ * end (64 contexts open at once, 64 QPs per probe window).
  */
 #ifndef ST_PROV_IBV_INTERNAL_H
 #define ST_PROV_IBV_INTERNAL_H
