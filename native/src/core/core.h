@@ -221,7 +221,6 @@ static inline void st_ensure_active(void)
 void st_writer_kick(void) ST_HIDDEN;                     /* writer.c */
 int st_thread_register(struct st_thread *t) ST_HIDDEN;   /* writer.c */
 uint64_t st_process_uid(void) ST_HIDDEN;                 /* process.c */
-void st_flush_all(const char *reason, int sig) ST_HIDDEN; /* lifecycle.c */
 
 /* Side channel (side.c): variable-size records.  Returns the side_id (> 0)
  * or 0 when dropped (counted in the END footer).  Application threads share

@@ -321,12 +321,6 @@ static int owns_trace(void)
 	return __atomic_load_n(&st_active, __ATOMIC_ACQUIRE) && getpid() == st_owner_pid && !st_trace_closed;
 }
 
-void st_flush_all(const char *reason, int sig)
-{
-	if (!owns_trace())
-		return;
-	final_pass(reason, sig, 0, 0);
-}
 
 /* atexit / destructor: this thread's buffers first, then the rest; the
  * writer is given a moment to finish (bounded). */
