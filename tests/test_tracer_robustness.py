@@ -332,3 +332,77 @@ def test_fork_exec_leaves_only_complete_files(tmp_path, eager, mark):
     n_true = sum(1 for p in procs if p.header["exe"].endswith("/true"))
     assert n_true == (1 if eager == "1" else 0)
     assert len(procs) == 1 + (mark == "mark") + (eager == "1"), [p.header["exe"] for p in procs]
+
+
+HAVE_UCX_H = Path("/usr/include/ucp/api/ucp.h").exists()
+
+
+@pytest.fixture(scope="module")
+def review(tmp_path_factory):
+    """native/tests/review_client.c and the stand-ins of review_stubs.c (one shared object per library)."""
+    if CC is None or LIB is None or not HAVE_OFI or not HAVE_UCX_H:
+        pytest.skip("needs a C compiler, libsigmatrace.so and the libfabric and UCX headers")
+    d = tmp_path_factory.mktemp("review")
+    src = ROOT / "native" / "tests"
+    (d / "cuda").mkdir()
+    builds = [[CC, "-O1", "-o", str(d / "review_client"), str(src / "review_client.c"), "-ldl"],
+              [CC, "-shared", "-fPIC", "-DSTUB_UCX", "-o", str(d / "libucpstub.so"), str(src / "review_stubs.c")],
+              [CC, "-shared", "-fPIC", "-DSTUB_OFI", "-o", str(d / "libofistub.so"), str(src / "review_stubs.c")],
+              [CC, "-shared", "-fPIC", "-DSTUB_CUDA", "-Wl,-soname,libcuda.so.1", "-o", str(d / "cuda" / "libcuda.so.1"),
+               str(src / "review_stubs.c")]]
+    for cmd in builds:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    return d
+
+
+def _review(review, tmp_path, *args):
+    out = tmp_path / "t"
+    env = traced_env(out, SIGMATRACE_MODE="full", LD_LIBRARY_PATH=str(review / "cuda"))
+    r = subprocess.run([str(review / "review_client"), *args], env=env, capture_output=True, text=True, timeout=60)
+    return r, out
+
+
+def test_ucp_ep_create_reads_no_more_address_than_there_is(review, tmp_path):
+    """Review (a): UCP_EP_CREATE recorded remote_address_prefix as 24 bytes of params->address whatever its
+    length (UCX does not give it); an 8-byte address that ends at a PROT_NONE page crashed the program.  The
+    prefix holds at most 24 bytes and never more than the memory mapped there."""
+    r, out = _review(review, tmp_path, "ucx", str(review / "libucpstub.so"))
+    assert r.returncode == 0 and "OK ucx" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    cap = read_capture(out)
+    t = cap.table("UCP_EP_CREATE")
+    js = [cap.side_record(0, int(s)).json() for s in t["side_id"]]
+    assert [j["remote_address_prefix"] for j in js] == ["a0a1a2a3a4a5a6a7", bytes(range(24)).hex()]
+
+
+def test_fi_fabric_names_never_break_the_json(review, tmp_path):
+    """Review (b): fi_fabric's record put application-supplied names into a 512-byte JSON buffer without
+    checking for overflow: a long fabric name left a side record that is not JSON.  Names are cut (marked
+    truncated) and the record is always valid JSON."""
+    r, out = _review(review, tmp_path, "ofi", str(review / "libofistub.so"))
+    assert r.returncode == 0 and "OK ofi" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    cap = read_capture(out)
+    t = cap.table("OFI_FABRIC")
+    j = cap.side_record(0, int(t["side_id"][0])).json()
+    assert j["truncated"] is True and j["name"].startswith('nnnnn"nn') and j["provider"].startswith("ppp")
+
+
+def test_cuda_pointer_attributes_recorded_full_width(review, tmp_path):
+    """Review (c): CU_POINTER_GET_ATTRIBUTE recorded 4 bytes of the 8-byte attributes cuda.h added after the
+    first ones (MEMPOOL_HANDLE, MAPPING_SIZE, MAPPING_BASE_ADDR, MEMORY_BLOCK_ID) and of P2P_TOKENS' token, and
+    no value at all for cuPointerGetAttributes.  The stub answers every attribute with a 64-bit pattern
+    written at its documented width."""
+    r, out = _review(review, tmp_path, "cuda")
+    assert r.returncode == 0 and "OK cuda" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    t = read_capture(out).table("CU_POINTER_GET_ATTRIBUTE")
+    got = [(int(a), int(v)) for a, v in zip(t["attribute"], t["value"])]
+    eight = {1, 3, 4, 5, 7, 11, 12, 17, 18, 19, 20}
+    want = [(a, 0x1122334455667788 if a in eight else 0x55667788) for a in range(1, 22)]
+    want += [(a, 0x1122334455667788) for a in (17, 18, 19, 20)]
+    assert got == want
+
+
+def test_get_cq_event_without_libibverbs_sets_enosys(review, tmp_path):
+    """Review (e): ibv_get_cq_event returned -1 with errno untouched when the real function is missing."""
+    r, _ = _review(review, tmp_path, "cq-event")
+    assert r.returncode == 0 and "OK cq-event" in r.stdout, r.stdout + r.stderr
