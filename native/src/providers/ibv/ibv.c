@@ -332,8 +332,10 @@ ST_EXPORT int ibv_close_device(struct ibv_context *ctx)
 
 ST_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
 {
-	if (!ST_REAL(real_ibv_get_cq_event, "ibv_get_cq_event"))
+	if (!ST_REAL(real_ibv_get_cq_event, "ibv_get_cq_event")) {
+		errno = ENOSYS; /* its contract: -1 and errno */
 		return -1;
+	}
 	int ret = real_ibv_get_cq_event(ch, cq, cq_context);
 	if (ret == 0 && cq && st_provider_on(ST_PROV_IBV) && st_full()) {
 		int saved = errno;
