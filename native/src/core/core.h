@@ -11,6 +11,7 @@
 #ifndef ST_CORE_H
 #define ST_CORE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -295,6 +296,25 @@ struct st_obj_stats {
 };
 void st_obj_stats(struct st_obj_stats *out) ST_HIDDEN;
 void st_objmap_atfork_child(void) ST_HIDDEN;
+
+/* ---- fork (lifecycle.c) -------------------------------------------------- */
+/* A mutex held across fork (taken by the prepare handler in rank order,
+ * released in the parent, made new in the child), so that no fork child
+ * inherits it locked by another thread.  Ranks: the order the code nests
+ * them in (outer first); a lock is never taken while one of a higher rank
+ * is held.  Providers register theirs from their constructors. */
+enum st_fork_rank {
+	ST_FORK_RANK_ACTIVATION = 10, /* lifecycle.c act_lock */
+	ST_FORK_RANK_IBV = 20,        /* st_ibv_lock (takes identity, objmap inside) */
+	ST_FORK_RANK_MLX5 = 30,       /* the mlx5 provider's DevX object table */
+	ST_FORK_RANK_SIDE = 40,       /* st_side_lock */
+	ST_FORK_RANK_THREADS = 50,    /* st_thread_reg_lock */
+	ST_FORK_RANK_IDENTITY = 60,   /* st_ident_lock */
+	ST_FORK_RANK_OBJMAP = 70,     /* st_objmap_lock */
+	ST_FORK_RANK_HOOKS = 80,      /* the interposer's hook registry */
+};
+void st_fork_guard(pthread_mutex_t *m, unsigned rank) ST_HIDDEN;
+extern pthread_mutex_t st_objmap_lock ST_HIDDEN;
 
 /* ---- initialisation (init.c) ------------------------------------------- */
 void st_init(void) ST_HIDDEN;

@@ -370,18 +370,45 @@ ST_HIDDEN int st_process_exec(void)
 
 /* ---- fork ------------------------------------------------------------------------- */
 
+/* Every mutex of the tracer that a fork child may need is held across the
+ * fork (prepare: in rank order, the order in which the code nests them;
+ * parent: released; child: made new), so a child never inherits one that
+ * another thread held at the fork.  The core's locks are registered here, the
+ * providers' from their constructors (st_fork_guard).  The hijack's lock has
+ * its own handlers, registered later, so they run first: hijack_lock is
+ * taken before all of these, as the code nests it. */
+#define MAX_FORK_GUARDS 16
+static struct {
+	pthread_mutex_t *m;
+	unsigned rank;
+} guards[MAX_FORK_GUARDS];
+static unsigned nguards;
+
+void st_fork_guard(pthread_mutex_t *m, unsigned rank)
+{
+	unsigned n = __atomic_load_n(&nguards, __ATOMIC_ACQUIRE);
+	if (n == MAX_FORK_GUARDS)
+		return;
+	unsigned i = n;
+	while (i > 0 && guards[i - 1].rank > rank) { /* kept sorted by rank */
+		guards[i] = guards[i - 1];
+		i--;
+	}
+	guards[i].m = m;
+	guards[i].rank = rank;
+	__atomic_store_n(&nguards, n + 1, __ATOMIC_RELEASE);
+}
+
 static void atfork_prepare(void)
 {
-	pthread_mutex_lock(&act_lock);
-	pthread_mutex_lock(&st_side_lock);
-	pthread_mutex_lock(&st_thread_reg_lock);
+	for (unsigned i = 0; i < nguards; i++)
+		pthread_mutex_lock(guards[i].m);
 }
 
 static void atfork_parent(void)
 {
-	pthread_mutex_unlock(&st_thread_reg_lock);
-	pthread_mutex_unlock(&st_side_lock);
-	pthread_mutex_unlock(&act_lock);
+	for (unsigned i = nguards; i-- > 0;)
+		pthread_mutex_unlock(guards[i].m);
 }
 
 ST_HIDDEN void st_buffer_atfork_child(void);
@@ -390,10 +417,9 @@ ST_HIDDEN void st_buffer_atfork_child(void);
  * starts afresh (new process_uid, own file) on its first event. */
 static void atfork_child(void)
 {
-	pthread_mutex_init(&st_thread_reg_lock, NULL);
-	pthread_mutex_init(&st_side_lock, NULL);
-	pthread_mutex_init(&act_lock, NULL);
-	pthread_mutex_init(&st_ident_lock, NULL);
+	for (unsigned i = 0; i < nguards; i++)
+		pthread_mutex_init(guards[i].m, NULL);
+	st_objmap_atfork_child();
 	/* SIGMATRACE_EAGER: the child's file is made on its first event or at its
 	 * exit, not here: a child that execs (a shell, subprocess) would leave
 	 * a file without END (exec skips atexit), and an atfork child handler
@@ -439,5 +465,10 @@ static void atfork_child(void)
 
 ST_HIDDEN void st_writer_register_atfork(void)
 {
+	st_fork_guard(&act_lock, ST_FORK_RANK_ACTIVATION);
+	st_fork_guard(&st_side_lock, ST_FORK_RANK_SIDE);
+	st_fork_guard(&st_thread_reg_lock, ST_FORK_RANK_THREADS);
+	st_fork_guard(&st_ident_lock, ST_FORK_RANK_IDENTITY);
+	st_fork_guard(&st_objmap_lock, ST_FORK_RANK_OBJMAP);
 	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }

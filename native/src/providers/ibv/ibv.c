@@ -443,3 +443,9 @@ static const struct st_hook ibv_hooks[] = {
 };
 
 ST_HOOKS_CONSTRUCTOR(110, ibv_hooks)
+
+/* held across fork, so no child inherits it locked (core.h, st_fork_guard) */
+__attribute__((constructor(110))) static void ibv_fork_guard(void)
+{
+	st_fork_guard(&st_ibv_lock, ST_FORK_RANK_IBV);
+}

@@ -466,3 +466,9 @@ static const struct st_hook mlx5_hooks[] = {
 };
 
 ST_HOOKS_CONSTRUCTOR(111, mlx5_hooks)
+
+/* held across fork, so no child inherits it locked (core.h, st_fork_guard) */
+__attribute__((constructor(111))) static void mlx5_fork_guard(void)
+{
+	st_fork_guard(&mlx5_lock, ST_FORK_RANK_MLX5);
+}
