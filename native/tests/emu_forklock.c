@@ -26,24 +26,19 @@ static struct ibv_context *g_ctx;
 static struct ibv_device *g_dev;
 static volatile int g_stop;
 
-static void *pd_churn(void *arg)
+/* arg NULL: PDs made and freed; else device contexts opened and closed */
+static void *churn(void *arg)
 {
-	(void)arg;
 	while (!g_stop) {
-		struct ibv_pd *pd = ibv_alloc_pd(g_ctx);
-		if (pd)
-			ibv_dealloc_pd(pd);
-	}
-	return NULL;
-}
-
-static void *ctx_churn(void *arg)
-{
-	(void)arg;
-	while (!g_stop) {
-		struct ibv_context *c = ibv_open_device(g_dev);
-		if (c)
-			ibv_close_device(c);
+		if (!arg) {
+			struct ibv_pd *pd = ibv_alloc_pd(g_ctx);
+			if (pd)
+				ibv_dealloc_pd(pd);
+		} else {
+			struct ibv_context *c = ibv_open_device(g_dev);
+			if (c)
+				ibv_close_device(c);
+		}
 	}
 	return NULL;
 }
@@ -66,9 +61,8 @@ int main(int argc, char **argv)
 		return 2;
 	g_dev = list[0];
 	pthread_t t[4];
-	for (int k = 0; k < 3; k++)
-		pthread_create(&t[k], NULL, pd_churn, NULL);
-	pthread_create(&t[3], NULL, ctx_churn, NULL);
+	for (int k = 0; k < 4; k++)
+		pthread_create(&t[k], NULL, churn, k == 3 ? (void *)g_dev : NULL);
 	int ok = 0;
 	for (int i = 0; i < forks; i++) {
 		struct ibv_pd *pd = ibv_alloc_pd(g_ctx);

@@ -18,7 +18,6 @@
  * interrupted thread holds (it would wait forever).  Prints "ARMED" first.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -71,18 +70,13 @@ int main(int argc, char **argv)
 {
 	long after_us = 10000;
 	int threads = 1;
-	static struct option opts[] = {{"loop", required_argument, 0, 'l'},
-				       {"after-us", required_argument, 0, 'a'},
-				       {"threads", required_argument, 0, 't'},
-				       {0, 0, 0, 0}};
-	int ch;
-	while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		if (ch == 'l')
-			g_header = !strcmp(optarg, "header");
-		else if (ch == 'a')
-			after_us = atol(optarg);
-		else if (ch == 't')
-			threads = atoi(optarg);
+	for (int i = 1; i + 1 < argc; i += 2) { /* --name value pairs */
+		if (!strcmp(argv[i], "--loop"))
+			g_header = !strcmp(argv[i + 1], "header");
+		else if (!strcmp(argv[i], "--after-us"))
+			after_us = atol(argv[i + 1]);
+		else if (!strcmp(argv[i], "--threads"))
+			threads = atoi(argv[i + 1]);
 		else
 			return 2;
 	}

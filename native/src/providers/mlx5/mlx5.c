@@ -440,19 +440,19 @@ ST_EXPORT int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *umem)
 {
 	if (!ST_REAL(real_mlx5dv_devx_umem_dereg, "mlx5dv_devx_umem_dereg"))
 		return ENOSYS;
-	if (!umem)
-		return real_mlx5dv_devx_umem_dereg(umem);
-	int record = st_rdma_should(ST_PROV_MLX5);
-	uint32_t id = umem->umem_id; /* read before the umem is freed */
+	int record = umem && st_rdma_should(ST_PROV_MLX5);
+	uint32_t id = umem ? umem->umem_id : 0; /* read before the umem is freed */
 	st_rdma_enter();
 	int ret = real_mlx5dv_devx_umem_dereg(umem);
 	st_rdma_leave();
+	if (ret != 0 || !umem)
+		return ret;
 	int saved = errno;
 	/* the hijack forgets the umem before its id can be reused, and before the
 	 * application frees its memory: returns once no poller holds a pointer into it */
-	if (ret == 0 && st_hijack_forget_umem)
+	if (st_hijack_forget_umem)
 		st_hijack_forget_umem(id);
-	if (ret == 0 && record)
+	if (record)
 		st_ev(ST_EV_MLX5_DEVX_UMEM_DEREG, 0, id, 0);
 	errno = saved;
 	return ret;

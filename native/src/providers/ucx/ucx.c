@@ -297,18 +297,24 @@ static inline void ep_closing(ucp_ep_h ep, uint16_t how)
 	}
 }
 
-/* After a close or destroy the endpoint's id entry goes (core/objmap.c): UCX
- * may hand the address out again for another endpoint.  Always, traced or
- * not (the entry was made while tracing). */
+/* After a close or destroy the object's id entry goes (core/objmap.c): UCX
+ * may hand the address out again for another endpoint or worker.  Always,
+ * traced or not (the entry was made while tracing); errno kept.  A close that
+ * UCX refused (an error status) leaves the endpoint, and its id, alive. */
+static void forget(const void *obj, ucs_status_ptr_t how_it_went)
+{
+	int saved = errno;
+	if (!UCS_PTR_IS_ERR(how_it_went))
+		st_obj_forget(obj);
+	errno = saved;
+}
+
 ST_EXPORT ucs_status_ptr_t ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
 {
 	ep_closing(ep, 0);
 	__typeof__(real_ucp_ep_close_nbx) real = R(ucp_ep_close_nbx);
 	ucs_status_ptr_t r = real(ep, param);
-	int saved = errno;
-	if (!UCS_PTR_IS_ERR(r))
-		st_obj_forget(ep);
-	errno = saved;
+	forget(ep, r);
 	return r;
 }
 
@@ -317,10 +323,7 @@ ST_EXPORT ucs_status_ptr_t ucp_ep_close_nb(ucp_ep_h ep, unsigned mode)
 	ep_closing(ep, 0);
 	__typeof__(real_ucp_ep_close_nb) real = R(ucp_ep_close_nb);
 	ucs_status_ptr_t r = real(ep, mode);
-	int saved = errno;
-	if (!UCS_PTR_IS_ERR(r))
-		st_obj_forget(ep);
-	errno = saved;
+	forget(ep, r);
 	return r;
 }
 
@@ -329,18 +332,14 @@ ST_EXPORT void ucp_ep_destroy(ucp_ep_h ep)
 	ep_closing(ep, 1);
 	__typeof__(real_ucp_ep_destroy) real = R(ucp_ep_destroy);
 	real(ep);
-	int saved = errno;
-	st_obj_forget(ep);
-	errno = saved;
+	forget(ep, NULL);
 }
 
 ST_EXPORT void ucp_worker_destroy(ucp_worker_h worker)
 {
 	__typeof__(real_ucp_worker_destroy) real = R(ucp_worker_destroy);
 	real(worker);
-	int saved = errno;
-	st_obj_forget(worker);
-	errno = saved;
+	forget(worker, NULL);
 }
 
 /* ---- hook table (dlsym injection) ------------------------------------------------------ */
