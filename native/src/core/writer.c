@@ -53,12 +53,19 @@ static pid_t gettid_(void)
 
 /* ---- io lock ------------------------------------------------------------ */
 
+/* Threads in st_io_trylock_bounded (an exit or signal path): st_io_lock
+ * gives way to them, so a writer that takes the lock again and again (a
+ * slow disk, a flood of records) cannot make them miss every moment it is
+ * free until their deadline passes. */
+static uint32_t io_bounded_waiters;
+
 void st_io_lock(void)
 {
 	int me = gettid_(), zero;
 	for (unsigned i = 0;; i++) {
 		zero = 0;
-		if (__atomic_compare_exchange_n(&st_io_owner, &zero, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+		if (!__atomic_load_n(&io_bounded_waiters, __ATOMIC_ACQUIRE) &&
+		    __atomic_compare_exchange_n(&st_io_owner, &zero, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 			return;
 		if (i > 64) {
 			struct timespec ts = {0, 20000};
@@ -82,15 +89,21 @@ int st_io_trylock_bounded(void)
 	if (__atomic_load_n(&st_io_owner, __ATOMIC_RELAXED) == me)
 		return -1;
 	uint64_t deadline = mono_ns() + 1000000000ull;
+	__atomic_fetch_add(&io_bounded_waiters, 1, __ATOMIC_ACQ_REL);
+	int got = -1;
 	for (;;) {
 		zero = 0;
-		if (__atomic_compare_exchange_n(&st_io_owner, &zero, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-			return 0;
+		if (__atomic_compare_exchange_n(&st_io_owner, &zero, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+			got = 0;
+			break;
+		}
 		if (mono_ns() >= deadline)
-			return -1;
+			break;
 		struct timespec ts = {0, 20000};
 		nanosleep(&ts, NULL);
 	}
+	__atomic_fetch_sub(&io_bounded_waiters, 1, __ATOMIC_ACQ_REL);
+	return got;
 }
 
 int st_mutex_take(pthread_mutex_t *m, int how)
