@@ -73,7 +73,7 @@ def test_c_layout_matches_python(tmp_path):
     lines.append('#define PR(name, value) printf("E %s %llu\\n", #name, (unsigned long long)ST_EV_##name);')
     lines.append("ST_EVENT_LIST(PR)")
     for const in ("ST_UMEM_F_GPU", "ST_UMEM_F_DMABUF", "ST_WQE_LOST_OVERWRITTEN", "ST_WQE_LOST_CORRUPT",
-                  "ST_WQE_LOST_COPY_FAILED", "ST_WQE_LOST_RING_FULL"):
+                  "ST_WQE_LOST_COPY_FAILED", "ST_WQE_LOST_RING_FULL", "ST_WQE_LOST_TRACE_DROPPED"):
         lines.append(f'printf("C {const} %llu\\n", (unsigned long long)({const}));')
     lines.append("return 0; }")
     src = tmp_path / "layout.c"
@@ -106,6 +106,7 @@ def test_c_layout_matches_python(tmp_path):
     assert consts["ST_WQE_LOST_OVERWRITTEN"] == E.WQE_LOST_OVERWRITTEN
     assert consts["ST_WQE_LOST_CORRUPT"] == E.WQE_LOST_CORRUPT
     assert consts["ST_WQE_LOST_COPY_FAILED"] == E.WQE_LOST_COPY_FAILED
+    assert consts["ST_WQE_LOST_TRACE_DROPPED"] == E.WQE_LOST_TRACE_DROPPED
     py_events = {e.name: e.value for e in E.EVENTS}
     assert events == py_events
 

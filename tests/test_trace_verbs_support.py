@@ -7,6 +7,7 @@ each test on its own emulated fabric and TCP port.  The emulated-HCA basics
 tests/native_util.py and tests/conftest.py.
 """
 import argparse
+import glob
 import subprocess
 
 import numpy as np
@@ -98,3 +99,116 @@ def pingpong_recvs_posted(iters, rx_depth):
             posted += rx_depth - routs
             routs = rx_depth
     return posted
+
+
+OBJCHURN = _native.find("emu_objchurn")
+
+
+def _churn(tmp_path, fabric, *args, **env):
+    out = tmp_path / "trace"
+    r = subprocess.run([str(OBJCHURN), *args], env=env_for(fabric, 0x31, out, **env), capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0 and "CHURN" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    cap = read_capture(sorted(glob.glob(str(out / "*.trace"))))
+    (p,) = cap.processes
+    return cap, p, out
+
+
+def _cq_attribution_errors(cap):
+    """IBV_POLL_CQ / IBV_DESTROY_CQ records (any thread) whose CQ id is not that of the last IBV_CREATE_CQ: the
+    client makes, polls (on another thread) and destroys one CQ at a time."""
+    ev = []
+    for name, kind in (("IBV_CREATE_CQ", 0), ("IBV_POLL_CQ", 1), ("IBV_DESTROY_CQ", 2)):
+        t = cap.table(name)
+        ev += [(int(a), kind, int(b)) for a, b in zip(t["tsc"], t["cq"])]
+    cur, bad = None, 0
+    for _, kind, cq in sorted(ev):
+        if kind == 0:
+            cur = cq
+        elif cq != cur:
+            bad += 1
+    return bad
+
+
+@needs_tracer
+@pytest.mark.skipif(OBJCHURN is None, reason="emu_objchurn not built (cmake --build build/dev)")
+def test_object_ids_stay_consistent_over_10k_objects(tmp_path, fabric):
+    """Issue 12 finding 4: 7,000 PDs kept alive, then 10,500 times a CQ, a QP on one of the PDs, an MR, one
+    write polled to completion by a second thread, all destroyed.  The object-id table frees a destroyed
+    object's entry, reuses slots, and never hands out a dead object's id from a thread's cache when the
+    address comes back: every CQ's polls and destroy carry the CQ's own id, every QP's creation names its own
+    PD and CQ, every MR its PD; no object is left unmapped and lookups never had to take the table's lock."""
+    n, npd = 10500, 7000
+    cap, p, out = _churn(tmp_path, fabric, "--iters", str(n), "--pds", str(npd))
+    pds = cap.table("IBV_ALLOC_PD")["pd"].tolist()
+    assert len(pds) == npd and len(set(pds)) == npd and 0 not in pds
+    cqs = cap.table("IBV_CREATE_CQ")["cq"].tolist()
+    assert len(cqs) == n
+    assert _cq_attribution_errors(cap) == 0
+    qp = cap.table("IBV_CREATE_QP")
+    js = [cap.side_record(0, int(s)).json() for s in qp["side_id"]]
+    assert [j["pd"] for j in js] == [pds[i % npd] for i in range(n)]
+    assert [j["send_cq"] for j in js] == cqs
+    assert cap.table("IBV_REG_MR")["pd"].tolist() == [pds[i % npd] for i in range(n)]
+    # each QP's operations are its own: one write posted, one completion, on its QPN
+    wc, post = cap.table("IBV_WC"), cap.table("IBV_POST_SEND")
+    assert post["qpn"].tolist() == qp["qpn"].tolist() and wc["qpn"].tolist() == qp["qpn"].tolist()
+    ids = p.end["object_ids"]
+    assert ids["unmapped"] == 0 and ids["live"] == 0 and ids["peak"] >= npd, ids
+    assert ids["first_seen_on_use"] == 0, ids  # no lookup took the lock to insert
+    # the correlator's tables: one op per iteration, each on a QP of its own number, nothing lost
+    from sigmatrace.correlate import correlate
+    c = correlate(str(out))
+    ops, qps = c.tables["ops"], c.tables["qps"]
+    assert sorted(ops["wr_id"].tolist()) == list(range(n))
+    assert (qps["qpn"][ops["qp_id"]] == ops["qpn"]).all()
+    assert len(c.tables["losses"]["kind"]) == 0
+
+
+@needs_tracer
+@pytest.mark.skipif(OBJCHURN is None, reason="emu_objchurn not built (cmake --build build/dev)")
+def test_object_id_overflow_is_reported(tmp_path, fabric):
+    """More live objects than the id table holds (test hook SIGMATRACE_TEST_OBJ_LIMIT=500): the objects it cannot
+    take get id 0 in every record of theirs (never a second, different id), and END counts them."""
+    cap, p, _ = _churn(tmp_path, fabric, "--iters", "200", "--pds", "800", SIGMATRACE_TEST_OBJ_LIMIT="500")
+    pds = cap.table("IBV_ALLOC_PD")["pd"].tolist()
+    assert len(set(pds[:499])) == 499 and 0 not in pds[:499] and set(pds[500:]) == {0}
+    assert _cq_attribution_errors(cap) == 0
+    assert cap.table("IBV_CREATE_CQ")["cq"].tolist() == [0] * 200  # the table is full of PDs
+    ids = p.end["object_ids"]
+    assert ids["capacity"] == 500 and ids["unmapped"] >= 800 - 499, ids
+
+
+@needs_tracer
+@pytest.mark.skipif(OBJCHURN is None, reason="emu_objchurn not built (cmake --build build/dev)")
+def test_closed_contexts_free_their_entries(tmp_path, fabric):
+    """Issue 12 finding 10: the ibv provider keeps a copy of each context's ops in a table of 64 entries, and a
+    closed context's entry was never given to another context: after 64 contexts at distinct addresses (a
+    program that opens and closes devices for long) every new one went untraced.  Closed entries are reused:
+    300 contexts in rounds of 60, each with one write, all traced."""
+    n = 300
+    out = tmp_path / "trace"
+    r = subprocess.run([str(OBJCHURN), "--reopen", str(n)], env=env_for(fabric, 0x32, out), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and f"REOPEN n={n} ok={n}" in r.stdout, r.stdout + r.stderr
+    distinct = int(r.stdout.split("distinct=")[1].split()[0])
+    assert distinct > 64  # the client made the contexts land at new addresses
+    assert "not traced" not in r.stderr, r.stderr
+    by = read_capture(out).count_by_type()
+    assert by["IBV_OPEN_DEVICE"] == n + 1 and by["IBV_CLOSE_DEVICE"] == n + 1 and by["IBV_POST_SEND"] == n, by
+
+
+FORKLOCK = _native.find("emu_forklock")
+
+
+@needs_tracer
+@pytest.mark.skipif(FORKLOCK is None, reason="emu_forklock not built (cmake --build build/dev)")
+def test_fork_while_threads_hold_the_providers_locks(tmp_path, fabric):
+    """Issue 12 review (d): the fork handlers held the writer's locks across fork but not the ibv provider's,
+    the mlx5 provider's or the object-id table's: a child forked while another thread held one inherited it
+    locked and hung at its first use (seen: the child's ibv_dealloc_pd waiting for st_objmap_lock for ever).
+    300 forks while three threads allocate PDs and one opens devices; every child deallocates a PD and exits."""
+    out = tmp_path / "trace"
+    r = subprocess.run([str(FORKLOCK), "--forks", "300"], env=env_for(fabric, 0x33, out), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and "FORKLOCK forks=300 ok=300" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

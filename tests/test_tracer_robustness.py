@@ -263,3 +263,146 @@ def test_run_end_to_end_with_hammer(tmp_path, bins):
     (p,) = read_capture(out).processes
     agg = p.aggregates[p.aggregates["type"] == E.value("OFI_CQ_READ")]
     assert int(agg["count"].sum()) == 20000 and p.header["launcher"] == "sigmatrace-run"
+
+
+SIGEXIT = _native.find("tracer_sigexit")
+
+
+@pytest.mark.skipif(LIB is None or SIGEXIT is None, reason="needs libsigmatrace.so and tracer_sigexit (emulated HCA)")
+@pytest.mark.parametrize("loop,threads", [("side", 1), ("side", 3), ("header", 1)])
+def test_exit_from_signal_handler_never_hangs(tmp_path, loop, threads):
+    """Issue 12 finding 3: a SIGALRM handler calls _exit while the interrupted thread holds one of the
+    tracer's locks (the side lock while a 120 KiB PRM record is copied, or the identity lock while the NIC
+    list is published).  The _exit path takes nothing it cannot have: bounded tries, no joins, so it never
+    hangs, and the trace it leaves is readable and ends with END (records that were still in the shared
+    side buffer, behind a lock the interrupted thread holds, are counted lost)."""
+    from native_util import cleanup_fabric, emu_env, new_fabric
+
+    for it in range(12):
+        fab = new_fabric()
+        out = tmp_path / f"t{it}"
+        env = emu_env(fab, 0x21, LD_PRELOAD=str(LIB), SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_MODE="full")
+        after = 3000 + 2500 * it
+        try:
+            r = subprocess.run([SIGEXIT, "--loop", loop, "--after-us", str(after), "--threads", str(threads)], env=env,
+                               capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"iteration {it}: the _exit in the signal handler hung (timer {after} us)")
+        finally:
+            cleanup_fabric(fab)
+        assert r.returncode == 7 and "ARMED" in r.stdout, (r.returncode, r.stdout, r.stderr)
+        (p,) = read_capture(out).processes
+        assert p.header is not None and p.complete and p.end["reason"] == "exit", it
+
+
+_FORK_EXEC = """
+import ctypes, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+if sys.argv[2] == "mark":
+    lib.sigmatrace_mark(b"parent")
+pid = os.fork()
+if pid == 0:
+    if sys.argv[2] == "mark":
+        lib.sigmatrace_mark(b"child before exec")
+    os.execv("/bin/true", ["true"])
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.skipif(LIB is None, reason="needs build/dev/libsigmatrace.so")
+@pytest.mark.parametrize("eager,mark", [("1", "none"), ("0", "mark"), ("1", "mark")])
+def test_fork_exec_leaves_only_complete_files(tmp_path, eager, mark):
+    """Issue 12 finding 10: a forked child that execs (a shell, subprocess) skips atexit, so a trace it had open
+    never got END -- with SIGMATRACE_EAGER=1 every such child opened one at fork.  Now a fork child of an eager
+    process opens its file on its first event (or at exit), not at fork, and exec ends an open trace with END
+    (reason "exec").  Every file written is complete; the exec'd /bin/true writes its own (eager)."""
+    out = tmp_path / "t"
+    r = subprocess.run([sys.executable, "-c", _FORK_EXEC, str(LIB), mark],
+                       env=traced_env(out, SIGMATRACE_EAGER=eager), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    files = sorted(out.glob("*.trace"))
+    procs = []
+    for f in files:  # every file: one process, header and END (an empty file is a trace without either)
+        ps = read_capture(f).processes
+        assert len(ps) == 1 and ps[0].header is not None and ps[0].complete, (f.name, f.stat().st_size)
+        procs.append(ps[0])
+    reasons = sorted(p.end["reason"] for p in procs)
+    if mark == "mark":  # the child recorded before its exec: its trace ends there
+        assert reasons.count("exec") == 1, reasons
+    n_true = sum(1 for p in procs if p.header["exe"].endswith("/true"))
+    assert n_true == (1 if eager == "1" else 0)
+    assert len(procs) == 1 + (mark == "mark") + (eager == "1"), [p.header["exe"] for p in procs]
+
+
+HAVE_UCX_H = Path("/usr/include/ucp/api/ucp.h").exists()
+
+
+@pytest.fixture(scope="module")
+def review(tmp_path_factory):
+    """native/tests/review_client.c and the stand-ins of review_stubs.c (one shared object per library)."""
+    if CC is None or LIB is None or not HAVE_OFI or not HAVE_UCX_H:
+        pytest.skip("needs a C compiler, libsigmatrace.so and the libfabric and UCX headers")
+    d = tmp_path_factory.mktemp("review")
+    src = ROOT / "native" / "tests"
+    (d / "cuda").mkdir()
+    builds = [[CC, "-O1", "-o", str(d / "review_client"), str(src / "review_client.c"), "-ldl"],
+              [CC, "-shared", "-fPIC", "-DSTUB_UCX", "-o", str(d / "libucpstub.so"), str(src / "review_stubs.c")],
+              [CC, "-shared", "-fPIC", "-DSTUB_OFI", "-o", str(d / "libofistub.so"), str(src / "review_stubs.c")],
+              [CC, "-shared", "-fPIC", "-DSTUB_CUDA", "-Wl,-soname,libcuda.so.1", "-o", str(d / "cuda" / "libcuda.so.1"),
+               str(src / "review_stubs.c")]]
+    for cmd in builds:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    return d
+
+
+def _review(review, tmp_path, *args):
+    out = tmp_path / "t"
+    env = traced_env(out, SIGMATRACE_MODE="full", LD_LIBRARY_PATH=str(review / "cuda"))
+    r = subprocess.run([str(review / "review_client"), *args], env=env, capture_output=True, text=True, timeout=60)
+    return r, out
+
+
+def test_ucp_ep_create_reads_no_more_address_than_there_is(review, tmp_path):
+    """Review (a): UCP_EP_CREATE recorded remote_address_prefix as 24 bytes of params->address whatever its
+    length (UCX does not give it); an 8-byte address that ends at a PROT_NONE page crashed the program.  The
+    prefix holds at most 24 bytes and never more than the memory mapped there."""
+    r, out = _review(review, tmp_path, "ucx", str(review / "libucpstub.so"))
+    assert r.returncode == 0 and "OK ucx" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    cap = read_capture(out)
+    t = cap.table("UCP_EP_CREATE")
+    js = [cap.side_record(0, int(s)).json() for s in t["side_id"]]
+    assert [j["remote_address_prefix"] for j in js] == ["a0a1a2a3a4a5a6a7", bytes(range(24)).hex()]
+
+
+def test_fi_fabric_names_never_break_the_json(review, tmp_path):
+    """Review (b): fi_fabric's record put application-supplied names into a 512-byte JSON buffer without
+    checking for overflow: a long fabric name left a side record that is not JSON.  Names are cut (marked
+    truncated) and the record is always valid JSON."""
+    r, out = _review(review, tmp_path, "ofi", str(review / "libofistub.so"))
+    assert r.returncode == 0 and "OK ofi" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    cap = read_capture(out)
+    t = cap.table("OFI_FABRIC")
+    j = cap.side_record(0, int(t["side_id"][0])).json()
+    assert j["truncated"] is True and j["name"].startswith('nnnnn"nn') and j["provider"].startswith("ppp")
+
+
+def test_cuda_pointer_attributes_recorded_full_width(review, tmp_path):
+    """Review (c): CU_POINTER_GET_ATTRIBUTE recorded 4 bytes of the 8-byte attributes cuda.h added after the
+    first ones (MEMPOOL_HANDLE, MAPPING_SIZE, MAPPING_BASE_ADDR, MEMORY_BLOCK_ID) and of P2P_TOKENS' token, and
+    no value at all for cuPointerGetAttributes.  The stub answers every attribute with a 64-bit pattern
+    written at its documented width."""
+    r, out = _review(review, tmp_path, "cuda")
+    assert r.returncode == 0 and "OK cuda" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    t = read_capture(out).table("CU_POINTER_GET_ATTRIBUTE")
+    got = [(int(a), int(v)) for a, v in zip(t["attribute"], t["value"])]
+    eight = {1, 3, 4, 5, 7, 11, 12, 17, 18, 19, 20}
+    want = [(a, 0x1122334455667788 if a in eight else 0x55667788) for a in range(1, 22)]
+    want += [(a, 0x1122334455667788) for a in (17, 18, 19, 20)]
+    assert got == want
+
+
+def test_get_cq_event_without_libibverbs_sets_enosys(review, tmp_path):
+    """Review (e): ibv_get_cq_event returned -1 with errno untouched when the real function is missing."""
+    r, _ = _review(review, tmp_path, "cq-event")
+    assert r.returncode == 0 and "OK cq-event" in r.stdout, r.stdout + r.stderr

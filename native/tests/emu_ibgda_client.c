@@ -34,11 +34,25 @@
  *       process, their numbers reused as the HCA hands them out again
  *       ("CHURN qps=N ok=K" at the end).  With --churn-keep the QPs stay
  *       alive until all N exist (N + 2 live QPs), then all are destroyed.
+ *   --teardown N
+ *       (--pair, DevX) after the checks, N rounds that tear down while a
+ *       doorbell is in flight: a QP with a fresh SQ (mmap'ed, 256 WQEBBs) and
+ *       doorbell record in umems, connected to the target, 200 unsignalled
+ *       RDMA WRITEs rung with one doorbell, then -- after a pause that grows
+ *       from 0 to ~150 us over the rounds, so the teardown meets the poller
+ *       at every point of its forward and copy -- QP destroyed, umems
+ *       deregistered, the SQ unmapped at once (a late read of it faults);
+ *       every 8th round the UAR is freed and a new one allocated as well,
+ *       also right after the doorbell ("TEARDOWN rounds=N" at the end).
  *   --interleave N
  *       (--pair --verbs-qp) after the checks, N rounds in which both QPs post
  *       one RDMA WRITE each and ring their registers back to back, then pause
  *       300 us: with SIGMATRACE_EMU_BFREG=word both ring one register word
  *       ("INTERLEAVE rounds=N" at the end).
+ *   --op-times
+ *       time every wait for a completion (the doorbell reaching the NIC, the
+ *       WQEs executed) and print "OPTIMES waits=N max_ms=M over_250ms=K" at
+ *       the end: a tracer that holds doorbells back shows as long waits.
  *   --sigwait
  *       after the set-up (every UAR allocated), the main thread blocks
  *       SIGUSR1, a thread waits for it with sigwait, and the process sends
@@ -57,6 +71,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "ibgda_common.h"
@@ -68,7 +83,9 @@
 #define CHUNK 1024
 
 static int g_cc, g_depth = 64, g_ops = 300, g_batch = 5, g_verbose, g_verbs;
-static int g_sigwait, g_churn, g_churn_keep, g_interleave;
+static int g_sigwait, g_churn, g_churn_keep, g_interleave, g_optimes, g_teardown;
+static unsigned long g_waits, g_waits_slow;
+static double g_wait_max;
 static int g_bfalt = -1; /* --bf-alternate: pause (us) after each doorbell on reg itself; -1: off */
 
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
@@ -343,6 +360,16 @@ static void ring(struct ep *e, uint32_t first_idx, uint32_t nwqe, uint16_t last_
 	p->next_pi = e->pi;
 }
 
+static void note_wait(double t0)
+{
+	double d = ibgda_now_s() - t0;
+	g_waits++;
+	if (d > g_wait_max)
+		g_wait_max = d;
+	if (d > 0.25)
+		g_waits_slow++;
+}
+
 static void wait_cqe(struct ep *e, uint16_t want_idx)
 {
 	double t0 = ibgda_now_s();
@@ -357,8 +384,10 @@ static void wait_cqe(struct ep *e, uint16_t want_idx)
 					DIE(1, "error CQE syndrome 0x%x wqe %u", ((struct st_mlx5_err_cqe *)c)->syndrome,
 					    be16toh(c->wqe_counter));
 				uint16_t ctr = be16toh(c->wqe_counter);
-				if ((uint16_t)(ctr - want_idx) < 0x8000)
+				if ((uint16_t)(ctr - want_idx) < 0x8000) {
+					note_wait(t0);
 					return;
+				}
 			}
 		} else {
 			struct st_mlx5_cqe64 *c = (struct st_mlx5_cqe64 *)(e->cq_buf + (e->cq_ci & (e->ncqe - 1)) * 64);
@@ -376,8 +405,10 @@ static void wait_cqe(struct ep *e, uint16_t want_idx)
 				e->cq_ci++;
 				uint32_t ci = ibgda_cq_ci_value(e->cq_ci);
 				memcpy(e->cq_dbr, &ci, 4);
-				if (ctr == want_idx)
+				if (ctr == want_idx) {
+					note_wait(t0);
 					return;
+				}
 				continue;
 			}
 		}
@@ -566,6 +597,64 @@ static int run_churn(struct ep *a, const struct peer_info *pb)
 	return ok != g_churn;
 }
 
+/* ---- --teardown: destroy while a doorbell is in flight ------------------------ */
+static void spin_us(double us)
+{
+	double t0 = ibgda_now_s();
+	while ((ibgda_now_s() - t0) * 1e6 < us)
+		;
+}
+
+static int run_teardown(struct ep *a, const struct peer_info *pb)
+{
+	const uint32_t nbb = 256, nwqe = 200;
+	uint8_t *keep_wq = a->wq;
+	uint32_t keep_n = a->nwqebb;
+	for (int i = 0; i < g_teardown; i++) {
+		uint8_t *sq = mmap(NULL, nbb * 64, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		CHECK(sq != MAP_FAILED, "mmap sq");
+		uint8_t *dbr = NULL;
+		CHECK(!posix_memalign((void **)&dbr, 64, 64), "memalign dbr");
+		memset(dbr, 0, 64);
+		struct mlx5dv_devx_umem *wq_umem = mlx5dv_devx_umem_reg(a->ctx, sq, nbb * 64, IBV_ACCESS_LOCAL_WRITE);
+		struct mlx5dv_devx_umem *dbr_umem = mlx5dv_devx_umem_reg(a->ctx, dbr, 8, IBV_ACCESS_LOCAL_WRITE);
+		CHECK(wq_umem && dbr_umem, "umem_reg teardown %d", i);
+		uint8_t out[IBGDA_PRM_OUT_SIZE];
+		a->wq = sq;
+		a->nwqebb = nbb;
+		a->qp_dbr = dbr;
+		a->qp_obj = ibgda_create_qp(a->ctx, a->pdn, a->uar->page_id, a->srqn, a->cqn, a->rcqn, wq_umem->umem_id, nbb,
+					    dbr_umem->umem_id, out, &a->qpn);
+		CHECK(a->qp_obj, "CREATE_QP teardown %d failed: status 0x%x", i, (unsigned)st_devx_get(out, ST_PRM_OUT_STATUS));
+		connect_ep(a, pb);
+		a->pi = a->done_idx = 0;
+		g_pend_h = g_pend_t;
+		uint32_t first = a->pi, last = 0;
+		for (uint32_t k = 0; k < nwqe; k++)
+			last = post_write(a, pb, OFF_SRC + (k % 64) * CHUNK, (uint64_t)(k % 256) * CHUNK, 64, 1, 0);
+		ring(a, first, nwqe, (uint16_t)last);
+		g_pend_h = g_pend_t; /* nothing signalled: no completion to wait for */
+		spin_us((double)(i % 32) * 5.0);
+		CHECK(!mlx5dv_devx_obj_destroy(a->qp_obj), "destroy QP teardown %d", i);
+		CHECK(!mlx5dv_devx_umem_dereg(wq_umem) && !mlx5dv_devx_umem_dereg(dbr_umem), "umem_dereg teardown %d", i);
+		munmap(sq, nbb * 64); /* a read of the SQ from now on faults */
+		free(dbr);
+		if (i % 8 == 7) {
+			/* and the UAR while a doorbell is in flight: ring once more on a last QP, free at once */
+			a->wq = keep_wq;
+			a->nwqebb = keep_n;
+			mlx5dv_devx_free_uar(a->uar);
+			a->uar = mlx5dv_devx_alloc_uar(a->ctx, MLX5DV_UAR_ALLOC_TYPE_BF);
+			CHECK(a->uar, "alloc_uar teardown %d", i);
+		}
+	}
+	a->wq = keep_wq;
+	a->nwqebb = keep_n;
+	a->qp_obj = NULL;
+	printf("TEARDOWN rounds=%d\n", g_teardown);
+	return 0;
+}
+
 /* ---- --interleave: two QPs ring back to back --------------------------------- */
 static int run_interleaved(struct ep *a, struct ep *b, const struct peer_info *pa, const struct peer_info *pb)
 {
@@ -633,7 +722,8 @@ int main(int argc, char **argv)
 		{ "batch", required_argument, 0, 'b' }, { "verbose", no_argument, 0, 'v' },
 		{ "verbs-qp", no_argument, 0, 'V' }, { "bf-alternate", optional_argument, 0, 'A' },
 		{ "sigwait", no_argument, 0, 'S' }, { "churn", required_argument, 0, 'C' },
-		{ "churn-keep", no_argument, 0, 'K' },
+		{ "churn-keep", no_argument, 0, 'K' }, { "op-times", no_argument, 0, 'T' },
+		{ "teardown", required_argument, 0, 'X' },
 		{ "interleave", required_argument, 0, 'I' }, { 0, 0, 0, 0 },
 	};
 	int ch;
@@ -651,6 +741,8 @@ int main(int argc, char **argv)
 		case 'S': g_sigwait = 1; break;
 		case 'C': g_churn = atoi(optarg); break;
 		case 'K': g_churn_keep = 1; break;
+		case 'T': g_optimes = 1; break;
+		case 'X': g_teardown = atoi(optarg); break;
 		case 'I': g_interleave = atoi(optarg); break;
 		case 'A': g_bfalt = optarg ? atoi(optarg) : 0; break;
 		default: fprintf(stderr, "usage: see source\n"); return 2;
@@ -689,6 +781,8 @@ int main(int argc, char **argv)
 		fails += verify_target(&b);
 		if (g_churn && !g_verbs)
 			fails += run_churn(&a, &pb);
+		if (g_teardown && !g_verbs)
+			fails += run_teardown(&a, &pb);
 		if (g_interleave && g_verbs)
 			fails += run_interleaved(&a, &b, &pa, &pb);
 		if (g_verbs) { /* the register goes away with the context: closing must not hang or fault */
@@ -742,6 +836,8 @@ int main(int argc, char **argv)
 			fails += f + atoi(txt) * 0;
 		}
 	}
+	if (g_optimes)
+		printf("OPTIMES waits=%lu max_ms=%.1f over_250ms=%lu\n", g_waits, g_wait_max * 1e3, g_waits_slow);
 	if (fails)
 		DIE(1, "%d check(s) failed", fails);
 	printf("RESULT OK\n");

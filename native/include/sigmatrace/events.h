@@ -130,6 +130,7 @@ enum st_wqe_lost_reason {
 	ST_WQE_LOST_CORRUPT     = 2,
 	ST_WQE_LOST_COPY_FAILED = 3,
 	ST_WQE_LOST_RING_FULL   = 4,
+	ST_WQE_LOST_TRACE_DROPPED = 5, /* recovered, but the trace had no room for its bytes (side record dropped) */
 };
 
 #endif /* SIGMATRACE_EVENTS_H */

@@ -114,8 +114,8 @@ static int take_next(struct st_thread *t)
 {
 	struct st_chunk *c = &t->chunks[t->cur_idx];
 	if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != ST_CHUNK_FREE) {
-		if (st_cfg.drop_policy != ST_DROP_BLOCK)
-			return -1;
+		if (st_cfg.drop_policy != ST_DROP_BLOCK || st_tls_never_block)
+			return -1; /* a thread that must never wait (a poller) drops even under block */
 		/* block: wait for the writer, but never forever (a dead writer
 		 * or a handler running on the writer's behalf must not hang us) */
 		for (int i = 0; i < 20000; i++) {

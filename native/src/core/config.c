@@ -27,6 +27,8 @@ struct st_config st_cfg = {
 	.calib_ms = 1000,
 	.signals = 1,
 	.eager = 0,
+	.side_kb = 4096,
+	.test_writer_delay_ms = 0,
 };
 
 static const char *const mode_names[] = {"aggregate", "simple", "full"};
@@ -192,6 +194,9 @@ void st_config_load(void)
 	env_uint("SIGMATRACE_CALIB_MS", 10, 3600000, &st_cfg.calib_ms);
 	env_bool("SIGMATRACE_SIGNALS", &st_cfg.signals);
 	env_bool("SIGMATRACE_EAGER", &st_cfg.eager);
+	env_uint("SIGMATRACE_SIDE_KB", 16, 16384, &st_cfg.side_kb); /* a SIDE chunk holds at most 16 MiB */
+	/* test hook (a slow disk): never set it otherwise */
+	env_uint("SIGMATRACE_TEST_WRITER_DELAY_MS", 0, 10000, &st_cfg.test_writer_delay_ms);
 
 	v = getenv("SIGMATRACE_NODE_ID");
 	if (v && *v) {

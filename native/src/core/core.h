@@ -11,6 +11,7 @@
 #ifndef ST_CORE_H
 #define ST_CORE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -50,6 +51,8 @@ struct st_config {
 	uint32_t calib_ms;        /* periodic calibration pairs */
 	int signals;              /* install fatal-signal handlers */
 	int eager;                /* create the file at start even if unused */
+	uint32_t side_kb;         /* SIGMATRACE_SIDE_KB: the process side buffer (a poller's side ring: a quarter) */
+	uint32_t test_writer_delay_ms; /* test hook SIGMATRACE_TEST_WRITER_DELAY_MS: the writer sleeps before each chunk */
 	char node_id[256];
 	char launcher[32];
 };
@@ -219,12 +222,30 @@ static inline void st_ensure_active(void)
 void st_writer_kick(void) ST_HIDDEN;                     /* writer.c */
 int st_thread_register(struct st_thread *t) ST_HIDDEN;   /* writer.c */
 uint64_t st_process_uid(void) ST_HIDDEN;                 /* process.c */
-void st_flush_all(const char *reason, int sig) ST_HIDDEN; /* lifecycle.c */
 
-/* Side channel (side.c): variable-size records, process-wide, mutex protected.
- * Returns the side_id (> 0) or 0 when dropped. */
+/* Side channel (side.c): variable-size records.  Returns the side_id (> 0)
+ * or 0 when dropped (counted in the END footer).  Application threads share
+ * a mutex-protected buffer (bounded wait when full); a thread that must never
+ * wait (a hijack poller) opens a private lane first: its records then never
+ * take a lock or wait, and its events never wait for the writer either
+ * (SIGMATRACE_DROP_POLICY=block does not apply to it).  0 on success; on
+ * failure the thread still never waits (one try of the shared buffer). */
 uint64_t st_side_add(uint16_t kind, const void *a, size_t alen, const void *b, size_t blen,
 		     const void *c, size_t clen) ST_HIDDEN;
+int st_side_lane_open(void) ST_HIDDEN;
+void st_side_lane_close(void) ST_HIDDEN; /* the writer drains what is left, then frees it */
+extern __thread int st_tls_never_block ST_TLS ST_HIDDEN;
+/* Around a record made while holding a lock the pollers take. */
+static inline int st_never_block_begin(void)
+{
+	int old = st_tls_never_block;
+	st_tls_never_block = 1;
+	return old;
+}
+static inline void st_never_block_end(int old)
+{
+	st_tls_never_block = old;
+}
 static inline uint64_t st_side_json(const char *json, size_t len)
 {
 	return st_side_add(ST_SIDE_JSON, json, len, NULL, 0, NULL, 0);
@@ -263,8 +284,37 @@ static inline void st_json_begin_object(struct st_json *j, char *buf, size_t cap
 }
 
 /* ---- object ids (objmap.c): pointer -> small id, lock-free lookups ----- */
+/* is_new != NULL: the object was just created (a fresh id).  0: NULL, or an
+ * object the full table could not take (counted; see objmap.c). */
 uint32_t st_obj_id(const void *ptr, int *is_new) ST_HIDDEN;
 uint32_t st_obj_next_id(void) ST_HIDDEN;
+/* Destroy/close wrappers, after the object went: its entry is freed. */
+void st_obj_forget(const void *ptr) ST_HIDDEN;
+struct st_obj_stats {
+	unsigned live, peak, capacity;
+	uint64_t unmapped, first_seen_on_use;
+};
+void st_obj_stats(struct st_obj_stats *out) ST_HIDDEN;
+void st_objmap_atfork_child(void) ST_HIDDEN;
+
+/* ---- fork (lifecycle.c) -------------------------------------------------- */
+/* A mutex held across fork (taken by the prepare handler in rank order,
+ * released in the parent, made new in the child), so that no fork child
+ * inherits it locked by another thread.  Ranks: the order the code nests
+ * them in (outer first); a lock is never taken while one of a higher rank
+ * is held.  Providers register theirs from their constructors. */
+enum st_fork_rank {
+	ST_FORK_RANK_ACTIVATION = 10, /* lifecycle.c act_lock */
+	ST_FORK_RANK_IBV = 20,        /* st_ibv_lock (takes identity, objmap inside) */
+	ST_FORK_RANK_MLX5 = 30,       /* the mlx5 provider's DevX object table */
+	ST_FORK_RANK_SIDE = 40,       /* st_side_lock */
+	ST_FORK_RANK_THREADS = 50,    /* st_thread_reg_lock */
+	ST_FORK_RANK_IDENTITY = 60,   /* st_ident_lock */
+	ST_FORK_RANK_OBJMAP = 70,     /* st_objmap_lock */
+	ST_FORK_RANK_HOOKS = 80,      /* the interposer's hook registry */
+};
+void st_fork_guard(pthread_mutex_t *m, unsigned rank) ST_HIDDEN;
+extern pthread_mutex_t st_objmap_lock ST_HIDDEN;
 
 /* ---- initialisation (init.c) ------------------------------------------- */
 void st_init(void) ST_HIDDEN;

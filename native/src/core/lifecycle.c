@@ -35,7 +35,7 @@ static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL, SI
 
 /* ---- signals ----------------------------------------------------------------- */
 
-static void final_pass(const char *reason, int sig, int have_lock);
+static void final_pass(const char *reason, int sig, int have_lock, int safe);
 
 static void on_signal(int sig, siginfo_t *si, void *uctx)
 {
@@ -50,7 +50,8 @@ static void on_signal(int sig, siginfo_t *si, void *uctx)
 				uint32_t n = __atomic_load_n(&st_nthreads, __ATOMIC_ACQUIRE);
 				for (uint32_t i = 0; i < n; i++)
 					st_drain_thread(i, 1, 0);
-				st_drain_side(0);
+				st_drain_lanes(1);
+				st_drain_side(ST_LOCK_BOUNDED);
 			}
 			st_io_unlock();
 		}
@@ -62,7 +63,7 @@ static void on_signal(int sig, siginfo_t *si, void *uctx)
 		return;
 	}
 	if (getpid() == st_owner_pid && st_io_trylock_bounded() == 0)
-		final_pass("signal", sig, 1);
+		final_pass("signal", sig, 1, 1);
 	/* restore the original disposition and re-raise */
 	sigaction(sig, old, NULL);
 	errno = saved;
@@ -177,8 +178,15 @@ void st_activate(void)
 		st_owner_pid = getpid();
 		st_trace_uid = random_uid();
 		if (!st_side_buf) {
-			void *m = mmap(NULL, ST_SIDE_CAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			/* two halves: one fills while the writer writes the other */
+			size_t cap = (size_t)st_cfg.side_kb * 1024;
+			void *m = mmap(NULL, 2 * cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (m == MAP_FAILED)
+				m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			else
+				st_side_spare = (unsigned char *)m + cap;
 			st_side_buf = (m == MAP_FAILED) ? NULL : m;
+			st_side_cap = st_side_buf ? cap : 0;
 		}
 		if (open_output() != 0) {
 			act_failed = 1;
@@ -209,32 +217,60 @@ void st_activate(void)
 
 /* ---- final pass ---------------------------------------------------------------------- */
 
-static void final_pass(const char *reason, int sig, int have_lock)
+/* The decimal digits of v (async-signal-safe, unlike snprintf). */
+static void utoa(char *out, uint64_t v)
 {
-	if (!have_lock)
-		st_io_lock();
+	char tmp[24];
+	int n = 0;
+	do
+		tmp[n++] = (char)('0' + v % 10);
+	while ((v /= 10) && n < 23);
+	for (int i = 0; i < n; i++)
+		out[i] = tmp[n - 1 - i];
+	out[n] = 0;
+}
+
+/* Everything committed, an END calibration and the END chunk.  safe: the
+ * fatal-signal and _exit paths, which may run in a signal handler that
+ * interrupted a thread holding any of the tracer's locks: every lock is only
+ * tried, for a bounded time (the io lock: never when this thread holds it),
+ * and what stays behind a lock that could not be had is counted lost. */
+static void final_pass(const char *reason, int sig, int have_lock, int safe)
+{
+	if (!have_lock) {
+		if (safe) {
+			if (st_io_trylock_bounded() != 0)
+				return; /* the file keeps what the writer flushed (no END) */
+		} else
+			st_io_lock();
+	}
 	if (st_trace_closed) {
 		st_io_unlock();
 		return;
 	}
 	uint32_t n = __atomic_load_n(&st_nthreads, __ATOMIC_ACQUIRE);
 	uint64_t dropped = st_total_dropped_reclaimed;
-	uint32_t live = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		struct st_thread *t = __atomic_load_n(&st_threads[i], __ATOMIC_ACQUIRE);
 		if (!t)
 			continue;
 		st_drain_thread(i, 1, 1);
 		dropped += t->dropped_total;
-		live++;
 	}
-	st_drain_side(sig == 0);
+	st_drain_lanes(1);
+	int how = safe ? ST_LOCK_BOUNDED : ST_LOCK_WAIT;
+	if (!st_drain_side(how)) {
+		/* the side lock is held (by the thread we interrupted): its buffer is lost (a racy read, the
+		 * process is ending) */
+		__atomic_fetch_add(&st_dropped_side_records, st_side_count, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&st_dropped_side_bytes, st_side_len, __ATOMIC_RELAXED);
+	}
 	if (!st_tsc_hz_refined && st_have_calib_start) {
 		st_estimate_tsc_hz();
 		st_tsc_hz_refined = 1;
-		st_write_process_header(); /* the last PROCESS chunk of a uid is authoritative */
+		st_write_process_header(how); /* the last PROCESS chunk of a uid is authoritative */
 	} else if (st_header_dirty) {
-		st_write_process_header();
+		st_write_process_header(how);
 	}
 	st_write_calibration(ST_CALIB_END);
 
@@ -248,15 +284,25 @@ static void final_pass(const char *reason, int sig, int have_lock)
 		st_json_null(&j, "signal");
 	st_json_uint(&j, "events", st_total_events);
 	st_json_uint(&j, "dropped_events", dropped);
-	st_json_uint(&j, "dropped_side_bytes", st_dropped_side_bytes);
+	st_json_uint(&j, "dropped_side_bytes", __atomic_load_n(&st_dropped_side_bytes, __ATOMIC_RELAXED));
+	st_json_uint(&j, "dropped_side_records", __atomic_load_n(&st_dropped_side_records, __ATOMIC_RELAXED));
 	st_json_uint(&j, "chunks_written", st_chunks_written + 1);
 	st_json_uint(&j, "threads", st_threads_seen);
+	struct st_obj_stats os;
+	st_obj_stats(&os);
+	st_json_open(&j, "object_ids", '{');
+	st_json_uint(&j, "live", os.live);
+	st_json_uint(&j, "peak", os.peak);
+	st_json_uint(&j, "capacity", os.capacity);
+	st_json_uint(&j, "unmapped", os.unmapped);
+	st_json_uint(&j, "first_seen_on_use", os.first_seen_on_use);
+	st_json_close(&j, '}');
 	st_json_open(&j, "thread_drops", '{');
 	for (uint32_t i = 0; i < n; i++) {
 		struct st_thread *t = __atomic_load_n(&st_threads[i], __ATOMIC_ACQUIRE);
 		if (t && t->dropped_total) {
-			char k[16];
-			snprintf(k, sizeof(k), "%u", t->index);
+			char k[24];
+			utoa(k, t->index);
 			st_json_uint(&j, k, t->dropped_total);
 		}
 	}
@@ -264,25 +310,30 @@ static void final_pass(const char *reason, int sig, int have_lock)
 	st_json_close(&j, '}');
 	st_write_json_chunk(ST_CHUNK_END, 0, &j);
 	__atomic_store_n(&st_trace_closed, 1, __ATOMIC_RELEASE);
-	(void)live;
 	st_io_unlock();
 	st_writer_kick(); /* let the writer see `closed` and exit */
 }
 
-void st_flush_all(const char *reason, int sig)
+static int eager_pending; /* a fork child of an eager process: activate at exit if nothing did before */
+
+static int owns_trace(void)
 {
-	if (!__atomic_load_n(&st_active, __ATOMIC_ACQUIRE) || getpid() != st_owner_pid || st_trace_closed)
-		return;
-	final_pass(reason, sig, 0);
+	return __atomic_load_n(&st_active, __ATOMIC_ACQUIRE) && getpid() == st_owner_pid && !st_trace_closed;
 }
 
-/* atexit / destructor / _exit: this thread's buffers first, then the rest. */
+
+/* atexit / destructor: this thread's buffers first, then the rest; the
+ * writer is given a moment to finish (bounded). */
 ST_HIDDEN void st_process_exit(const char *reason)
 {
-	if (!__atomic_load_n(&st_active, __ATOMIC_ACQUIRE) || getpid() != st_owner_pid || st_trace_closed)
+	if (eager_pending && !__atomic_load_n(&st_active, __ATOMIC_ACQUIRE)) {
+		eager_pending = 0;
+		st_activate(); /* SIGMATRACE_EAGER in a fork child that recorded nothing: its file (header, END) */
+	}
+	if (!owns_trace())
 		return;
 	st_thread_exit_current();
-	final_pass(reason, 0, 0);
+	final_pass(reason, 0, 0, 0);
 	if (writer_running) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -296,20 +347,68 @@ ST_HIDDEN void st_process_exit(const char *reason)
 	}
 }
 
+/* _exit, possibly from a signal handler: async-signal-safe.  The calling
+ * thread's ring is read as it stands (its committed records; handing its
+ * chunks over could race with the code the handler interrupted), no join
+ * (the process ends with this call), bounded tries of every lock. */
+ST_HIDDEN void st_process_exit_safe(const char *reason)
+{
+	if (!owns_trace())
+		return;
+	final_pass(reason, 0, 0, 1);
+}
+
+/* exec replaces the image without atexit: an open trace ends here (END,
+ * reason "exec"), async-signal-safe as exec is.  1 if it was ended. */
+ST_HIDDEN int st_process_exec(void)
+{
+	if (!owns_trace())
+		return 0;
+	final_pass("exec", 0, 0, 1);
+	return 1;
+}
+
 /* ---- fork ------------------------------------------------------------------------- */
+
+/* Every mutex of the tracer that a fork child may need is held across the
+ * fork (prepare: in rank order, the order in which the code nests them;
+ * parent: released; child: made new), so a child never inherits one that
+ * another thread held at the fork.  The core's locks are registered here, the
+ * providers' from their constructors (st_fork_guard).  The hijack's lock has
+ * its own handlers, registered later, so they run first: hijack_lock is
+ * taken before all of these, as the code nests it. */
+#define MAX_FORK_GUARDS 16
+static struct {
+	pthread_mutex_t *m;
+	unsigned rank;
+} guards[MAX_FORK_GUARDS];
+static unsigned nguards;
+
+void st_fork_guard(pthread_mutex_t *m, unsigned rank)
+{
+	unsigned n = __atomic_load_n(&nguards, __ATOMIC_ACQUIRE);
+	if (n == MAX_FORK_GUARDS)
+		return;
+	unsigned i = n;
+	while (i > 0 && guards[i - 1].rank > rank) { /* kept sorted by rank */
+		guards[i] = guards[i - 1];
+		i--;
+	}
+	guards[i].m = m;
+	guards[i].rank = rank;
+	__atomic_store_n(&nguards, n + 1, __ATOMIC_RELEASE);
+}
 
 static void atfork_prepare(void)
 {
-	pthread_mutex_lock(&act_lock);
-	pthread_mutex_lock(&st_side_lock);
-	pthread_mutex_lock(&st_thread_reg_lock);
+	for (unsigned i = 0; i < nguards; i++)
+		pthread_mutex_lock(guards[i].m);
 }
 
 static void atfork_parent(void)
 {
-	pthread_mutex_unlock(&st_thread_reg_lock);
-	pthread_mutex_unlock(&st_side_lock);
-	pthread_mutex_unlock(&act_lock);
+	for (unsigned i = nguards; i-- > 0;)
+		pthread_mutex_unlock(guards[i].m);
 }
 
 ST_HIDDEN void st_buffer_atfork_child(void);
@@ -318,11 +417,14 @@ ST_HIDDEN void st_buffer_atfork_child(void);
  * starts afresh (new process_uid, own file) on its first event. */
 static void atfork_child(void)
 {
-	pthread_mutex_init(&st_thread_reg_lock, NULL);
-	pthread_mutex_init(&st_side_lock, NULL);
-	pthread_mutex_init(&act_lock, NULL);
-	pthread_mutex_init(&st_ident_lock, NULL);
-	int was_active = st_active;
+	for (unsigned i = 0; i < nguards; i++)
+		pthread_mutex_init(guards[i].m, NULL);
+	st_objmap_atfork_child();
+	/* SIGMATRACE_EAGER: the child's file is made on its first event or at its
+	 * exit, not here: a child that execs (a shell, subprocess) would leave
+	 * a file without END (exec skips atexit), and an atfork child handler
+	 * of a multi-threaded parent should not open files and start threads */
+	eager_pending = st_active && st_cfg.eager;
 	st_active = 0;
 	act_failed = 0;
 	st_trace_closed = 0;
@@ -344,6 +446,8 @@ static void atfork_child(void)
 	st_nthreads = 0;
 	st_next_thread_index = 1;
 	st_total_events = st_total_dropped_reclaimed = st_chunks_written = st_dropped_side_bytes = 0;
+	st_dropped_side_records = 0;
+	st_side_atfork_child();
 	st_threads_seen = 0;
 	st_side_len = st_side_count = 0;
 	st_next_side_id = 1;
@@ -357,11 +461,14 @@ static void atfork_child(void)
 			sigaction(s, &old_act[s], NULL);
 			sig_installed[s] = 0;
 		}
-	if (was_active && st_cfg.eager)
-		st_activate();
 }
 
 ST_HIDDEN void st_writer_register_atfork(void)
 {
+	st_fork_guard(&act_lock, ST_FORK_RANK_ACTIVATION);
+	st_fork_guard(&st_side_lock, ST_FORK_RANK_SIDE);
+	st_fork_guard(&st_thread_reg_lock, ST_FORK_RANK_THREADS);
+	st_fork_guard(&st_ident_lock, ST_FORK_RANK_IDENTITY);
+	st_fork_guard(&st_objmap_lock, ST_FORK_RANK_OBJMAP);
 	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }

@@ -52,7 +52,8 @@ static void json_rank(struct st_json *j, const char *k, int v)
 		st_json_int(j, k, v);
 }
 
-static void build_process_header(struct st_json *j)
+/* 0 when built; -1 when the identity lock could not be had (how: enum st_lock_how). */
+static int build_process_header(struct st_json *j, int how)
 {
 	char exe[PATH_MAX];
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
@@ -105,7 +106,8 @@ static void build_process_header(struct st_json *j)
 	st_json_uint(j, "calib_ms", st_cfg.calib_ms);
 	st_json_bool(j, "signals", st_cfg.signals);
 	st_json_close(j, '}');
-	pthread_mutex_lock(&st_ident_lock);
+	if (st_mutex_take(&st_ident_lock, how) != 0)
+		return -1;
 	st_json_raw(j, ",\"nics\":");
 	st_json_raw(j, nics_json);
 	st_json_raw(j, ",\"gpus\":");
@@ -113,21 +115,36 @@ static void build_process_header(struct st_json *j)
 	pthread_mutex_unlock(&st_ident_lock);
 	j->need_comma = 1;
 	st_json_close(j, '}');
+	return 0;
 }
 
-void st_write_process_header(void)
+/* how (enum st_lock_how): the identity lock may only be tried (the writer:
+ * it retries on its next round; the fatal-signal and _exit paths, whose
+ * interrupted thread may hold it: then no new header is written and the last
+ * one written stays the process's header). */
+void st_write_process_header(int how)
 {
 	struct st_json j;
-	build_process_header(&j);
+	/* cleared before the lists are read: a change made meanwhile marks it again */
+	__atomic_store_n(&st_header_dirty, 0, __ATOMIC_RELEASE);
+	if (build_process_header(&j, how) != 0) {
+		__atomic_store_n(&st_header_dirty, 1, __ATOMIC_RELEASE);
+		return;
+	}
 	if (j.overflow) { /* never write broken JSON: drop the lists that made it too big */
-		pthread_mutex_lock(&st_ident_lock);
+		if (st_mutex_take(&st_ident_lock, how) != 0) {
+			__atomic_store_n(&st_header_dirty, 1, __ATOMIC_RELEASE);
+			return;
+		}
 		strcpy(nics_json, "[]");
 		strcpy(gpus_json, "[]");
 		pthread_mutex_unlock(&st_ident_lock);
-		build_process_header(&j);
+		if (build_process_header(&j, how) != 0) {
+			__atomic_store_n(&st_header_dirty, 1, __ATOMIC_RELEASE);
+			return;
+		}
 	}
 	st_write_json_chunk(ST_CHUNK_PROCESS, 0, &j);
-	st_header_dirty = 0;
 }
 
 static void set_list(char *dst, size_t cap, const char *json_array)

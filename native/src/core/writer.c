@@ -44,6 +44,7 @@ static uint32_t wsleeping;
 
 /* scratch buffer: used only under io_lock */
 static struct st_aggregate aggbuf[512];
+static __thread int tls_is_writer ST_TLS; /* the writer thread (SIGMATRACE_TEST_WRITER_DELAY_MS) */
 
 static pid_t gettid_(void)
 {
@@ -52,12 +53,19 @@ static pid_t gettid_(void)
 
 /* ---- io lock ------------------------------------------------------------ */
 
+/* Threads in st_io_trylock_bounded (an exit or signal path): st_io_lock
+ * gives way to them, so a writer that takes the lock again and again (a
+ * slow disk, a flood of records) cannot make them miss every moment it is
+ * free until their deadline passes. */
+static uint32_t io_bounded_waiters;
+
 void st_io_lock(void)
 {
 	int me = gettid_(), zero;
 	for (unsigned i = 0;; i++) {
 		zero = 0;
-		if (__atomic_compare_exchange_n(&st_io_owner, &zero, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+		if (!__atomic_load_n(&io_bounded_waiters, __ATOMIC_ACQUIRE) &&
+		    __atomic_compare_exchange_n(&st_io_owner, &zero, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
 			return;
 		if (i > 64) {
 			struct timespec ts = {0, 20000};
@@ -66,20 +74,58 @@ void st_io_lock(void)
 	}
 }
 
-/* Bounded: for signal handlers.  Fails when we interrupted ourselves. */
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts); /* async-signal-safe */
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Bounded (about a second, by the clock): for signal handlers and _exit.
+ * Fails at once when we interrupted ourselves. */
 int st_io_trylock_bounded(void)
 {
 	int me = gettid_(), zero;
 	if (__atomic_load_n(&st_io_owner, __ATOMIC_RELAXED) == me)
 		return -1;
-	for (unsigned i = 0; i < 50000; i++) { /* ~1 s */
+	uint64_t deadline = mono_ns() + 1000000000ull;
+	__atomic_fetch_add(&io_bounded_waiters, 1, __ATOMIC_ACQ_REL);
+	int got = -1;
+	for (;;) {
 		zero = 0;
-		if (__atomic_compare_exchange_n(&st_io_owner, &zero, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-			return 0;
+		if (__atomic_compare_exchange_n(&st_io_owner, &zero, me, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+			got = 0;
+			break;
+		}
+		if (mono_ns() >= deadline)
+			break;
 		struct timespec ts = {0, 20000};
 		nanosleep(&ts, NULL);
 	}
-	return -1;
+	__atomic_fetch_sub(&io_bounded_waiters, 1, __ATOMIC_ACQ_REL);
+	return got;
+}
+
+int st_mutex_take(pthread_mutex_t *m, int how)
+{
+	if (how == ST_LOCK_WAIT)
+		return pthread_mutex_lock(m);
+	if (how == ST_LOCK_TRY)
+		return pthread_mutex_trylock(m);
+	return st_mutex_lock_bounded(m, 200);
+}
+
+int st_mutex_lock_bounded(pthread_mutex_t *m, unsigned ms)
+{
+	uint64_t deadline = mono_ns() + (uint64_t)ms * 1000000ull;
+	for (;;) {
+		if (pthread_mutex_trylock(m) == 0)
+			return 0;
+		if (mono_ns() >= deadline)
+			return -1;
+		struct timespec ts = {0, 20000};
+		nanosleep(&ts, NULL);
+	}
 }
 
 void st_io_unlock(void)
@@ -139,6 +185,11 @@ void st_write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, const 
 	h.crc32 = crc;
 	struct iovec iov[4] = {{&h, sizeof(h)}, {(void *)p, len}, {(void *)p2, len2}, {(void *)zeros, pad}};
 	int saved = errno;
+	if (unlikely(st_cfg.test_writer_delay_ms) && tls_is_writer) {
+		/* test hook: a slow disk (the writer thread only; never the final pass) */
+		struct timespec ts = {(time_t)(st_cfg.test_writer_delay_ms / 1000), (long)(st_cfg.test_writer_delay_ms % 1000) * 1000000L};
+		nanosleep(&ts, NULL);
+	}
 	if (write_all(iov, 4) == 0)
 		st_chunks_written++;
 	errno = saved;
@@ -156,7 +207,7 @@ int st_thread_register(struct st_thread *t)
 	pthread_mutex_lock(&st_thread_reg_lock);
 	uint32_t slot = ST_MAX_THREADS;
 	for (uint32_t i = 0; i < st_nthreads; i++)
-		if (!st_threads[i]) {
+		if (!__atomic_load_n(&st_threads[i], __ATOMIC_ACQUIRE)) { /* the writer frees slots (reclaim) */
 			slot = i;
 			break;
 		}
@@ -289,9 +340,10 @@ static void drain_all(int partial, int final)
 	(void)final;
 	st_io_lock();
 	if (!st_trace_closed) {
-		st_drain_side(1);
+		st_drain_lanes(0);
+		st_drain_side(ST_LOCK_TRY);
 		if (__atomic_load_n(&st_header_dirty, __ATOMIC_ACQUIRE))
-			st_write_process_header();
+			st_write_process_header(ST_LOCK_TRY);
 	}
 	st_io_unlock();
 }
@@ -308,6 +360,7 @@ void st_writer_kick(void)
 void *st_writer_main(void *arg)
 {
 	(void)arg;
+	tls_is_writer = 1;
 	/* TSC frequency: from the load-time calibration to now (at least 2 ms,
 	 * so the header is usable for short programs); refined at exit. */
 	struct st_calibration now;
@@ -320,7 +373,7 @@ void *st_writer_main(void *arg)
 	st_estimate_tsc_hz();
 
 	st_io_lock();
-	st_write_process_header();
+	st_write_process_header(ST_LOCK_BOUNDED); /* not taken in 200 ms: written on a later round (dirty) */
 	if (st_have_calib_start)
 		st_write_chunk(ST_CHUNK_CALIBRATION, 0, 1, &st_calib_start, sizeof(st_calib_start), NULL, 0);
 	st_io_unlock();

@@ -124,6 +124,7 @@ static void *cpu_page_new(uintptr_t pgaddr, uint16_t off, uint32_t page_id, void
 	if (!pg || slot < 0)
 		return NULL;
 	memset(pg, 0, sizeof *pg);
+	pg->incarnation = hijack_page_incarnation();
 	pg->proxy = mmap(NULL, PAGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (pg->proxy == MAP_FAILED) {
 		pg->proxy = NULL;
@@ -301,6 +302,7 @@ void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_u
 	/* its words become free for the QP that gets its bfreg next, and its
 	 * page's poller finishes with it before the SQ is freed (the caller
 	 * destroys the QP after this returns) */
+	unsigned char want[MAX_PAGES] = {0};
 	for (int k = 0; k < MAX_PAGES; k++) {
 		struct page *pg = &hijack_pages[k];
 		if (!pg->live || !pg->verbs || !pg->thr_started)
@@ -318,18 +320,8 @@ void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_u
 			}
 		if (mine)
 			__atomic_add_fetch(&pg->sh_gen, 1, __ATOMIC_RELEASE);
-		if (!mine || pg->stuck || __atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE))
-			continue;
-		uint32_t want = __atomic_add_fetch(&pg->sync_seq, 1, __ATOMIC_ACQ_REL);
-		pthread_mutex_unlock(&hijack_lock);
-		/* bounded: a poller sleeps at most ~1 ms between scans */
-		for (int t = 0; t < 20000 && (int32_t)(__atomic_load_n(&pg->sync_ack, __ATOMIC_ACQUIRE) - want) < 0 &&
-				!__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE);
-		     t++) {
-			struct timespec ts = {0, 20000};
-			nanosleep(&ts, NULL);
-		}
-		pthread_mutex_lock(&hijack_lock);
+		want[k] = (unsigned char)mine;
 	}
+	hijack_sync_pages(want); /* bounded: a poller sleeps at most ~1 ms between scans */
 	pthread_mutex_unlock(&hijack_lock);
 }

@@ -203,7 +203,8 @@ struct page {
 	int npsh;
 	uint32_t psh_gen;
 	uint64_t dbr_recovered, dbr_dups; /* doorbells forwarded from a doorbell record; rung again after that */
-	uint32_t sync_seq, sync_ack; /* a full scan + drain requested / done (atomic; QP forgotten) */
+	uint32_t sync_seq, sync_ack; /* a full scan + drain requested / done (atomic; QP or umem forgotten) */
+	uint32_t incarnation;        /* which page this slot holds (a waiter notices the slot reused) */
 	uint8_t *gproxy;
 	int gwatch;                /* poller scans gproxy (atomic) */
 	uint64_t glast[MAX_WATCH];
@@ -228,6 +229,10 @@ static inline const struct st_cudrv *drv(void)
 struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn) ST_HIDDEN;
 /* Free the states of pg's QPs that were destroyed and have no copy pending (poller). */
 void hijack_page_qp_gc(struct page *pg) ST_HIDDEN;
+/* After a sync request (QP or umem forgotten; every copy drained): free the
+ * dead QPs' states and look every other QP's SQ and doorbell record up again,
+ * so no pointer into a deregistered umem survives (poller). */
+void hijack_page_qp_refresh(struct page *pg) ST_HIDDEN;
 /* Parse every pending range whose batch has completed (wait: every range). */
 void hijack_drain(struct page *pg, int wait) ST_HIDDEN;
 void hijack_close_batch(struct page *pg) ST_HIDDEN;
@@ -258,6 +263,17 @@ void hijack_hook_fork(void) ST_HIDDEN;
 void hijack_stop_page(struct page *pg) ST_HIDDEN;
 /* CLOCK_MONOTONIC deadline (ns) of a wait for a poller that starts now. */
 uint64_t hijack_stop_deadline(void) ST_HIDDEN;
+/* A new page's incarnation number (set after its memset, under hijack_lock). */
+uint32_t hijack_page_incarnation(void) ST_HIDDEN;
+/* The teardown handshake (QP, umem forgotten): the pollers of the pages
+ * marked in want[MAX_PAGES] scan once more, finish every copy and refresh
+ * their QPs' SQ pointers; waits for all of them against one deadline
+ * (SIGMATRACE_HIJACK_STOP_TIMEOUT_MS; one that does not answer is reported
+ * stuck).  Caller holds hijack_lock, which is dropped while waiting. */
+void hijack_sync_pages(const unsigned char *want) ST_HIDDEN;
+/* Mark in want[] the pages a DevX QP on UAR page uar_page may be rung on
+ * (that UAR's pages, and pages whose UAR index is unknown); under hijack_lock. */
+void hijack_pages_of_uar(uint32_t uar_page, unsigned char *want) ST_HIDDEN;
 
 /* ---- CPU doorbells (cpu_doorbell.c) --------------------------------------- */
 extern uint64_t hijack_cpu_proxy_failed ST_HIDDEN; /* CPU-doorbell proxies not installed (the real UAR was left alone) */

@@ -16,6 +16,12 @@
 
 struct page hijack_pages[MAX_PAGES];
 static int exit_hook;
+static uint32_t incarnations; /* under hijack_lock */
+
+uint32_t hijack_page_incarnation(void)
+{
+	return ++incarnations;
+}
 
 /* The page's device pointers go (caller holds hijack_lock; translate_dev
  * reads them without it). */
@@ -82,8 +88,62 @@ static void report_stuck(struct page *pg, const char *when)
 	if (pg->cpuproxy)
 		st_json_bool(&j, "cpu_doorbells", 1);
 	st_json_close(&j, '}');
+	/* hijack_lock is held (the pollers take it): never wait for the writer here */
+	int nb = st_never_block_begin();
 	st_side_json(buf, j.len);
 	st_ev(ST_EV_DB_HIJACK_REMOVE, 0, pg->page_id, seen);
+	st_never_block_end(nb);
+}
+
+void hijack_sync_pages(const unsigned char *want)
+{
+	static uint32_t seq[MAX_PAGES], inc[MAX_PAGES]; /* under hijack_lock (only its holder waits here) */
+	unsigned char asked[MAX_PAGES];
+	int any = 0;
+	for (int k = 0; k < MAX_PAGES; k++) {
+		struct page *pg = &hijack_pages[k];
+		asked[k] = want[k] && pg->live && pg->thr_started && !pg->stuck && !__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE);
+		if (!asked[k])
+			continue;
+		seq[k] = __atomic_add_fetch(&pg->sync_seq, 1, __ATOMIC_ACQ_REL);
+		inc[k] = pg->incarnation;
+		any = 1;
+	}
+	if (!any)
+		return;
+	uint64_t deadline = hijack_stop_deadline();
+	unsigned char late[MAX_PAGES];
+	pthread_mutex_unlock(&hijack_lock);
+	for (int k = 0; k < MAX_PAGES; k++) {
+		late[k] = 0;
+		if (!asked[k])
+			continue;
+		struct page *pg = &hijack_pages[k];
+		/* until answered, or the page stopped (its stop drains everything), or quiesced (forwards only) */
+		while ((int32_t)(__atomic_load_n(&pg->sync_ack, __ATOMIC_ACQUIRE) - seq[k]) < 0 &&
+		       __atomic_load_n(&pg->incarnation, __ATOMIC_ACQUIRE) == inc[k] && !__atomic_load_n(&pg->stop, __ATOMIC_ACQUIRE) &&
+		       !__atomic_load_n(&pg->quiesced, __ATOMIC_ACQUIRE) && !__atomic_load_n(&pg->exited, __ATOMIC_ACQUIRE)) {
+			if (st_now_ns() >= deadline) {
+				late[k] = 1;
+				break;
+			}
+			struct timespec ts = {0, 20000};
+			nanosleep(&ts, NULL);
+		}
+	}
+	pthread_mutex_lock(&hijack_lock);
+	for (int k = 0; k < MAX_PAGES; k++)
+		if (late[k] && hijack_pages[k].incarnation == inc[k] && hijack_pages[k].live)
+			report_stuck(&hijack_pages[k], "sync");
+}
+
+void hijack_pages_of_uar(uint32_t uar_page, unsigned char *want)
+{
+	for (int k = 0; k < MAX_PAGES; k++) {
+		const struct page *pg = &hijack_pages[k];
+		if (pg->live && !pg->verbs && (pg->page_id == uar_page || pg->page_id == 0))
+			want[k] = 1;
+	}
 }
 
 /* hijack_stop_page, waiting until deadline at most. */
@@ -470,6 +530,7 @@ uint64_t st_hijack_devptr(void *p, uint64_t real_dptr, int *hijacked)
 	}
 	pg = freep;
 	memset(pg, 0, sizeof *pg);
+	pg->incarnation = hijack_page_incarnation();
 	pg->proxy = mmap(NULL, PAGE_SZ, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (pg->proxy == MAP_FAILED) {
 		pg->proxy = NULL;

@@ -467,6 +467,9 @@ void *hijack_poller(void *arg)
 {
 	struct page *pg = arg;
 	st_tls_depth++; /* nothing this thread calls is the application's */
+	/* never wait for the writer: side records go to a ring of this thread's,
+	 * events are dropped (and counted) rather than waited for */
+	st_side_lane_open();
 	char name[16];
 	snprintf(name, sizeof name, "st-poll-%u", pg->page_id);
 	pthread_setname_np(pthread_self(), name);
@@ -484,12 +487,12 @@ void *hijack_poller(void *arg)
 	for (;;) {
 		uint32_t sync = __atomic_load_n(&pg->sync_seq, __ATOMIC_ACQUIRE);
 		if (sync != __atomic_load_n(&pg->sync_ack, __ATOMIC_RELAXED)) {
-			/* a QP of this page is being forgotten: take what was rung, finish
-			 * every copy, then nothing reads its SQ any more */
+			/* a QP or umem of this page is being forgotten: take what was rung,
+			 * finish every copy, then nothing reads its SQ any more */
 			scan(pg);
 			hijack_close_batch(pg);
 			hijack_drain(pg, 1);
-			hijack_page_qp_gc(pg); /* the forgotten QP's state goes, its entry is free again */
+			hijack_page_qp_refresh(pg); /* the forgotten QP's state goes, SQ pointers are looked up again */
 			__atomic_store_n(&pg->sync_ack, sync, __ATOMIC_RELEASE);
 			idle_since = 0;
 			sleep_us = 1;
@@ -588,6 +591,7 @@ void *hijack_poller(void *arg)
 	}
 	hijack_poller_teardown_cuda(pg);
 	st_thread_exit_current();
+	st_side_lane_close();
 	if (quiesce) {
 		__atomic_store_n(&pg->quiesced, 1, __ATOMIC_RELEASE);
 		forward_only(pg);

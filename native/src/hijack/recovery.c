@@ -57,6 +57,21 @@ void hijack_page_qp_gc(struct page *pg)
 			qpstate_free(pg, &pg->qs[i]);
 }
 
+void hijack_page_qp_refresh(struct page *pg)
+{
+	hijack_page_qp_gc(pg);
+	for (int i = 0; i < pg->nqs; i++) {
+		struct qpstate *s = &pg->qs[i];
+		if (!s->used || (!s->have_sq && !s->dbr))
+			continue;
+		struct qp_rec *q = hijack_qp_slot(s->qpn, 0);
+		if (q && __atomic_load_n(&q->live, __ATOMIC_ACQUIRE) && __atomic_load_n(&q->gen, __ATOMIC_ACQUIRE) == s->gen)
+			qpstate_load(s, q); /* its umems may be gone: have_sq / dbr follow */
+		else
+			s->have_sq = 0, s->dbr = 0; /* recreated or gone: hijack_page_qp starts it over */
+	}
+}
+
 struct qpstate *hijack_page_qp(struct page *pg, uint32_t qpn)
 {
 	struct qpstate *fresh = NULL;
@@ -147,8 +162,14 @@ static void parse_pend(struct page *pg, struct pend *p)
 	if (i) {
 		struct st_side_wqe h = {s->qpn, (uint16_t)p->first, (uint16_t)i, s->log_sq, ST_WQE_F_VERIFIED};
 		uint64_t id = st_side_add(ST_SIDE_WQE_BYTES, &h, sizeof h, b, (size_t)i * 64, NULL, 0);
-		st_ev(ST_EV_DB_WQE, (uint16_t)p->first, s->qpn, id);
-		s->wqebb_ok += i;
+		if (id) {
+			st_ev(ST_EV_DB_WQE, (uint16_t)p->first, s->qpn, id);
+			s->wqebb_ok += i;
+		} else {
+			/* the poller's side ring was full (the writer is behind): never wait, say so */
+			st_ev_ext(ST_EV_DB_WQE_LOST, (uint16_t)p->first, s->qpn, i, 0, 0, ST_WQE_LOST_TRACE_DROPPED, 0);
+			s->wqebb_lost += i;
+		}
 	}
 	if (i < p->cnt) {
 		st_ev_ext(ST_EV_DB_WQE_LOST, (uint16_t)(p->first + i), s->qpn, p->cnt - i, 0, 0, reason, 0);

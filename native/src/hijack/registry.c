@@ -93,12 +93,33 @@ void st_hijack_note_umem(uint32_t umem_id, void *addr, uint64_t size, int gpu)
 	pthread_mutex_unlock(&hijack_lock);
 }
 
+/* A umem goes (after a successful dereg, before the application can free
+ * its memory): the pollers that may hold a QP's SQ or doorbell-record
+ * pointer into it look them up again before this returns (the handshake of
+ * hijack_sync_pages), so none reads the memory after it is freed. */
 void st_hijack_forget_umem(uint32_t umem_id)
 {
 	pthread_mutex_lock(&hijack_lock);
+	int found = 0;
 	for (int i = 0; i < MAX_UMEMS; i++)
-		if (hijack_umems[i].live && hijack_umems[i].id == umem_id)
+		if (hijack_umems[i].live && hijack_umems[i].id == umem_id) {
 			hijack_umems[i].live = 0;
+			found = 1;
+		}
+	if (found) {
+		unsigned char want[MAX_PAGES] = {0};
+		int any = 0;
+		for (uint32_t i = 0; i < QP_SLOTS; i++) {
+			const struct qp_rec *q = &qps[i];
+			uint32_t k = __atomic_load_n(&q->qpn, __ATOMIC_ACQUIRE);
+			if (k && k != QP_TOMB && q->live && (q->wq_umem == umem_id || q->dbr_umem == umem_id)) {
+				hijack_pages_of_uar(q->uar_page, want);
+				any = 1;
+			}
+		}
+		if (any)
+			hijack_sync_pages(want);
+	}
 	pthread_mutex_unlock(&hijack_lock);
 }
 
@@ -137,12 +158,21 @@ void st_hijack_note_qp(uint32_t qpn, uint32_t uar_page, uint32_t wq_umem_id, uin
 	pthread_mutex_unlock(&hijack_lock);
 }
 
+/* A DevX QP goes (before the destroy): its record is freed and the pollers
+ * of its UAR's pages scan once more, finish every copy and drop its state
+ * before this returns (the handshake the verbs path has), so none reads its
+ * SQ after the destroy. */
 void st_hijack_forget_qp(uint32_t qpn)
 {
 	pthread_mutex_lock(&hijack_lock);
 	struct qp_rec *q = hijack_qp_slot(qpn, 0);
-	if (q)
+	if (q) {
+		uint32_t uar_page = q->uar_page;
 		hijack_qp_free(q);
+		unsigned char want[MAX_PAGES] = {0};
+		hijack_pages_of_uar(uar_page, want);
+		hijack_sync_pages(want);
+	}
 	pthread_mutex_unlock(&hijack_lock);
 }
 

@@ -97,15 +97,41 @@ static void fix_attr(int attr, void *data, CUdeviceptr asked)
 		*(CUdeviceptr *)data = st_hijack_cpu_proxy_of_real(*(CUdeviceptr *)data);
 }
 
+/* How many bytes the driver writes for a pointer attribute (cuda.h, CUDA 13.0,
+ * CUpointer_attribute and cuPointerGetAttribute's documentation): CONTEXT (1,
+ * CUcontext), DEVICE_POINTER (3, CUdeviceptr), HOST_POINTER (4, void *),
+ * BUFFER_ID (7, unsigned long long), RANGE_START_ADDR (11), RANGE_SIZE (12),
+ * MEMPOOL_HANDLE (17, CUmemoryPool), MAPPING_SIZE (18), MAPPING_BASE_ADDR
+ * (19), MEMORY_BLOCK_ID (20): 8; P2P_TOKENS (5): a struct whose first member
+ * is the 8-byte p2pToken (the 4-byte vaSpaceToken follows); the others are
+ * int, unsigned int, an enum or a boolean: 4.  ALLOWED_HANDLE_TYPES (14) has
+ * no documented type: 4 bytes are read (the bitmask fits; reading 8 could
+ * run past a 4-byte variable).  Unknown (newer) attributes: 4, never more. */
+static size_t attr_bytes(int attr)
+{
+	switch (attr) {
+	case 1: case 3: case 4: case 5: case 7: case 11: case 12: case 17: case 18: case 19: case 20:
+		return 8;
+	default:
+		return 4;
+	}
+}
+
+static uint64_t attr_value(const void *data, int attr)
+{
+	uint64_t v = 0;
+	if (data)
+		memcpy(&v, data, attr_bytes(attr));
+	return v;
+}
+
 static void attribute_read(void *data, int attr, CUdeviceptr ptr, CUresult r)
 {
 	if (r == 0)
 		fix_attr(attr, data, ptr);
 	if (st_full()) {
 		st_ensure_active();
-		uint64_t v = 0;
-		if (r == 0 && data)
-			memcpy(&v, data, attr == 1 || attr == 3 || attr == 4 || attr == 7 || attr == 11 || attr == 12 ? 8 : 4);
+		uint64_t v = r == 0 ? attr_value(data, attr) : 0;
 		st_ev_ext(ST_EV_CU_POINTER_GET_ATTRIBUTE, (uint16_t)r, (uint32_t)attr, ptr, v, 0, 0, 0);
 	}
 }
@@ -117,8 +143,10 @@ static void attributes_read(unsigned n, int *attrs, void **data, CUdeviceptr ptr
 			fix_attr(attrs[i], data[i], ptr);
 	if (st_full()) {
 		st_ensure_active();
-		for (unsigned i = 0; attrs && i < n; i++)
-			st_ev_ext(ST_EV_CU_POINTER_GET_ATTRIBUTE, (uint16_t)r, (uint32_t)attrs[i], ptr, 0, 0, 0, 0);
+		for (unsigned i = 0; attrs && i < n; i++) {
+			uint64_t v = r == 0 && data ? attr_value(data[i], attrs[i]) : 0;
+			st_ev_ext(ST_EV_CU_POINTER_GET_ATTRIBUTE, (uint16_t)r, (uint32_t)attrs[i], ptr, v, 0, 0, 0);
+		}
 	}
 }
 

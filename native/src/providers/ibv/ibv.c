@@ -77,6 +77,10 @@ struct st_ibv_qp *st_ibv_qp_find(const struct ibv_context *c, uint32_t qpn)
 	return NULL;
 }
 
+/* A key no context has: a slot being handed to another QP (readers skip it). */
+#define QP_MOVING ((const struct ibv_context *)1)
+static uint64_t qp_untracked; /* QPs that found no slot (traced without state); under st_ibv_lock */
+
 struct st_ibv_qp *st_ibv_qp_get(const struct ibv_context *c, uint32_t qpn)
 {
 	struct st_ibv_qp *q = st_ibv_qp_find(c, qpn);
@@ -84,22 +88,42 @@ struct st_ibv_qp *st_ibv_qp_get(const struct ibv_context *c, uint32_t qpn)
 		return q;
 	pthread_mutex_lock(&st_ibv_lock);
 	unsigned h = qp_hash(c, qpn);
+	struct st_ibv_qp *dead = NULL;
 	for (unsigned i = 0; i < 64; i++) {
 		struct st_ibv_qp *s = &qp_tab[(h + i) & (QP_SLOTS - 1)];
 		if (s->ctx == c && s->qpn == qpn) {
 			q = s;
 			break;
 		}
+		if (s->ctx && s->dead && !dead)
+			dead = s; /* a destroyed QP's slot: taken if the key is not further on */
 		if (!s->ctx) {
-			s->qpn = qpn;
-			s->xcur = -1;
-			__atomic_store_n(&s->ctx, c, __ATOMIC_RELEASE);
-			q = s;
+			q = dead ? dead : s;
+			if (dead)
+				__atomic_store_n(&q->ctx, QP_MOVING, __ATOMIC_RELEASE);
+			q->qpn = qpn;
+			q->xcur = -1;
+			q->live = q->dead = 0;
+			q->dest_qpn = q->peer_node = 0;
+			__atomic_store_n(&q->qpx, NULL, __ATOMIC_RELEASE); /* its qp_ex allocations stay for the next user */
+			__atomic_store_n(&q->ctx, c, __ATOMIC_RELEASE);
 			break;
 		}
 	}
+	if (!q && dead) { /* the window is full of other keys, but one is dead */
+		q = dead;
+		__atomic_store_n(&q->ctx, QP_MOVING, __ATOMIC_RELEASE);
+		q->qpn = qpn;
+		q->xcur = -1;
+		q->live = q->dead = 0;
+		q->dest_qpn = q->peer_node = 0;
+		__atomic_store_n(&q->qpx, NULL, __ATOMIC_RELEASE);
+		__atomic_store_n(&q->ctx, c, __ATOMIC_RELEASE);
+	}
+	if (!q && qp_untracked++ == 0)
+		st_warn("ibv: QP table full around QPN %#x: QPs traced without their state (peer, qp_ex batches)", qpn);
 	pthread_mutex_unlock(&st_ibv_lock);
-	return q; /* NULL when the neighbourhood is full: the QP is traced without state */
+	return q; /* NULL when the neighbourhood holds 64 live QPs: the QP is traced without state */
 }
 
 /* ---- what the shims record (the `record` column of ibv_shims.def) --------- */
@@ -112,6 +136,7 @@ void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *ax, 
 	int sig_all = ax ? ax->sq_sig_all : a ? a->sq_sig_all : 0;
 	if (q) {
 		q->live = 1;
+		q->dead = 0;
 		q->dest_qpn = 0;
 		q->peer_node = 0;
 		q->qp_type = (uint8_t)qp->qp_type;
@@ -280,16 +305,20 @@ ST_EXPORT int ibv_close_device(struct ibv_context *ctx)
 	st_rdma_leave();
 	int saved = errno;
 	if (ret == 0 && c)
-		c->closed = 1; /* keep the entry: its function pointers stay valid */
+		c->closed = 1; /* its function pointers stay valid until another context takes the entry */
 	st_ev(ST_EV_IBV_CLOSE_DEVICE, 0, id, (uint64_t)(int64_t)ret);
+	if (ret == 0)
+		st_obj_forget(ctx);
 	errno = saved;
 	return ret;
 }
 
 ST_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)
 {
-	if (!ST_REAL(real_ibv_get_cq_event, "ibv_get_cq_event"))
+	if (!ST_REAL(real_ibv_get_cq_event, "ibv_get_cq_event")) {
+		errno = ENOSYS; /* its contract: -1 and errno */
 		return -1;
+	}
 	int ret = real_ibv_get_cq_event(ch, cq, cq_context);
 	if (ret == 0 && cq && st_provider_on(ST_PROV_IBV) && st_full()) {
 		int saved = errno;
@@ -307,8 +336,9 @@ ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	 * its SQ goes away, so the hijack forgets it first */
 	if (qp && st_mlx5_verbs_qp_destroyed)
 		st_mlx5_verbs_qp_destroyed(qp->qp_num);
-	if (!st_rdma_should(ST_PROV_IBV) || !qp)
+	if (!qp)
 		return real_ibv_destroy_qp(qp);
+	int record = st_rdma_should(ST_PROV_IBV);
 	uint32_t qpn = qp->qp_num;
 	const struct ibv_context *ctx = qp->context;
 	st_rdma_enter();
@@ -316,6 +346,7 @@ ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	st_rdma_leave();
 	int saved = errno;
 	if (ret == 0) {
+		/* traced or not: the QP's entry (made while tracing) is freed */
 		struct st_ibv_qp *q = st_ibv_qp_find(ctx, qpn);
 		if (q) {
 			q->live = 0;
@@ -323,8 +354,10 @@ ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 			 * old qp_ex state: the pointer check in the wr_* wrappers
 			 * uses qpx, cleared here */
 			__atomic_store_n(&q->qpx, NULL, __ATOMIC_RELEASE);
+			q->dead = 1; /* the slot may go to another QP */
 		}
-		st_ev(ST_EV_IBV_DESTROY_QP, 0, qpn, 0);
+		if (record)
+			st_ev(ST_EV_IBV_DESTROY_QP, 0, qpn, 0);
 	}
 	errno = saved;
 	return ret;
@@ -393,3 +426,9 @@ static const struct st_hook ibv_hooks[] = {
 };
 
 ST_HOOKS_CONSTRUCTOR(110, ibv_hooks)
+
+/* held across fork, so no child inherits it locked (core.h, st_fork_guard) */
+__attribute__((constructor(110))) static void ibv_fork_guard(void)
+{
+	st_fork_guard(&st_ibv_lock, ST_FORK_RANK_IBV);
+}

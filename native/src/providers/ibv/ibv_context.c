@@ -149,14 +149,21 @@ void st_ibv_context_opened(struct ibv_context *ctx)
 		return;
 	int saved = errno;
 	pthread_mutex_lock(&st_ibv_lock);
-	struct st_ibv_ctx *c = NULL;
+	/* its own entry (the address came back), else a closed context's (its
+	 * copied ops are replaced by this context's), else a new one: the table
+	 * holds 64 open contexts, not 64 contexts ever */
+	struct st_ibv_ctx *c = NULL, *closed = NULL;
 	for (unsigned i = 0; i < ST_IBV_MAX_CTX; i++) {
 		struct ibv_context *k = st_ibv_ctxs[i].ctx;
 		if (k == ctx || !k) {
 			c = &st_ibv_ctxs[i];
 			break;
 		}
+		if (!closed && st_ibv_ctxs[i].closed)
+			closed = &st_ibv_ctxs[i];
 	}
+	if ((!c || !c->ctx) && closed)
+		c = closed;
 	if (c && c->ctx == ctx && !c->closed) { /* already seen (mlx5dv_open_device -> ibv_open_device) */
 		pthread_mutex_unlock(&st_ibv_lock);
 		errno = saved;
@@ -164,6 +171,10 @@ void st_ibv_context_opened(struct ibv_context *ctx)
 	}
 	if (c) {
 		int is_new;
+		if (c->ctx != ctx) { /* a closed context's entry: nothing of it stays */
+			c->create_qp_ex = NULL;
+			c->create_cq_ex = NULL;
+		}
 		c->id = st_obj_id(ctx, &is_new);
 		c->closed = 0;
 		/* originals first, then the key, then the wrappers go in: a hot

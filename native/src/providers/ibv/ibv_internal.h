@@ -11,7 +11,11 @@
  *             built between wr_start and wr_complete.
  * Entries are created under a mutex at object creation (rare) and never
  * moved or freed, so a wrapper racing with a close still finds valid
- * function pointers.
+ * function pointers.  They are reused: a closed context's entry (its copied
+ * ops) by the next context opened, a destroyed QP's slot by the next QP whose
+ * probe window holds it (with its qp_ex allocations), so the tables never
+ * fill up in a process that opens and closes, creates and destroys without
+ * end (64 contexts open at once, 64 QPs per probe window).
  */
 #ifndef ST_PROV_IBV_INTERNAL_H
 #define ST_PROV_IBV_INTERNAL_H
@@ -92,6 +96,7 @@ struct st_ibv_qp {
 	const struct ibv_context *ctx; /* key part 1 */
 	uint32_t qpn;                  /* key part 2; slot used when ctx != NULL */
 	uint32_t live;
+	uint32_t dead;       /* destroyed: the slot may go to another (context, QPN) */
 	uint32_t dest_qpn;
 	uint32_t peer_node;  /* dlid, or the low 32 bits of the dgid (RoCE) */
 	uint8_t qp_type;

@@ -91,4 +91,17 @@
 		errno = saved;                   \
 	} while (0)
 
+/* A destroyed object with a small id (core/objmap.c), `id` noted before the
+ * call: one event if it went, and its id entry freed (the address may come
+ * back as another object). */
+#define ST_RDMA_DESTROYED_OBJ(ret, type, id, obj)  \
+	do {                                       \
+		int saved = errno;                 \
+		if ((ret) == 0) {                  \
+			st_ev(type, 0, id, 0);     \
+			st_obj_forget(obj);        \
+		}                                  \
+		errno = saved;                     \
+	} while (0)
+
 #endif /* ST_PROV_RDMA_SHIM_H */

@@ -14,8 +14,9 @@
  * allocate.  Lifecycle events are recorded in every mode.
  *
  * The shims of one shape are generated from the table mlx5_shims.def (the
- * shape: ../ibv/rdma_shim.h); free_uar and obj_destroy, which act before the
- * call, are written out below the generated ones.
+ * shape: ../ibv/rdma_shim.h); the teardown shims (free_uar, obj_destroy,
+ * umem_dereg), which tell the hijack at any recording depth, are written out
+ * below the generated ones.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -310,18 +311,6 @@ static unsigned umem_ex_flags(const struct mlx5dv_devx_umem_in *in)
 	return (in->comp_mask & MLX5DV_UMEM_MASK_DMABUF) ? ST_UMEM_F_DMABUF | ST_UMEM_F_GPU : umem_residency(in->addr);
 }
 
-/* The hijack forgets the umem before its id can be reused. */
-static void umem_deregistered(int ret, uint32_t id)
-{
-	int saved = errno;
-	if (ret == 0) {
-		if (st_hijack_forget_umem)
-			st_hijack_forget_umem(id);
-		st_ev(ST_EV_MLX5_DEVX_UMEM_DEREG, 0, id, 0);
-	}
-	errno = saved;
-}
-
 /* DEVX_OBJ_CREATE with the raw command; the object remembered by its
  * handle, so modify/query/destroy events name it by its number. */
 static void devx_obj_created(struct mlx5dv_devx_obj *obj, const void *in, size_t inlen, const void *out,
@@ -380,56 +369,91 @@ static void eqn_queried(int ret, uint32_t vector, const uint32_t *eqn)
 #include "mlx5_shims.def"
 
 /* ---- the shims written out (rows ST_SHIM_BY_HAND) ------------------------- */
+/* The teardown shims (free_uar, obj_destroy, umem_dereg) tell the hijack
+ * always, traced or not, at any recording depth: what it proxies or reads
+ * was set up while tracing, and a UAR unmapped or an SQ freed under a
+ * running poller would be written or read after it is gone.  Only the
+ * event depends on recording. */
 ST_EXPORT void mlx5dv_devx_free_uar(struct mlx5dv_devx_uar *uar)
 {
 	if (!ST_REAL(real_mlx5dv_devx_free_uar, "mlx5dv_devx_free_uar"))
 		return;
-	if (!st_rdma_should(ST_PROV_MLX5) || !uar) {
+	if (!uar) {
 		real_mlx5dv_devx_free_uar(uar);
 		return;
 	}
+	int record = st_rdma_should(ST_PROV_MLX5);
 	uint32_t page = uar->page_id;
+	int saved = errno;
 	/* a proxied UAR: its poller forwards what it holds and stops, and the
 	 * library gets the struct back as it made it */
 	if (st_hijack_cpu_uar_release) {
-		int saved = errno;
 		void *real = st_hijack_cpu_uar_release(uar->reg_addr);
 		if (real)
 			uar->reg_addr = real;
-		errno = saved;
 	}
 	void *reg = uar->reg_addr;
 	/* the hijack lets go of the page before it disappears */
 	if (st_hijack_forget_uar)
 		st_hijack_forget_uar(reg);
+	errno = saved;
 	st_rdma_enter();
 	real_mlx5dv_devx_free_uar(uar);
 	st_rdma_leave();
-	int saved = errno;
-	st_ev(ST_EV_MLX5_DEVX_FREE_UAR, 0, page, (uintptr_t)reg);
-	errno = saved;
+	if (record) {
+		saved = errno;
+		st_ev(ST_EV_MLX5_DEVX_FREE_UAR, 0, page, (uintptr_t)reg);
+		errno = saved;
+	}
 }
 
 ST_EXPORT int mlx5dv_devx_obj_destroy(struct mlx5dv_devx_obj *obj)
 {
 	if (!ST_REAL(real_mlx5dv_devx_obj_destroy, "mlx5dv_devx_obj_destroy"))
 		return ENOSYS;
-	if (!st_rdma_should(ST_PROV_MLX5) || !obj)
+	if (!obj)
 		return real_mlx5dv_devx_obj_destroy(obj);
+	int record = st_rdma_should(ST_PROV_MLX5);
 	uint16_t op = 0;
 	uint32_t number = 0;
+	int saved = errno;
 	int known = devx_lookup(obj, &op, &number, 0);
+	/* before the QP's memory can be reused: returns once its pollers are done with its SQ */
 	if (known && op == ST_MLX5_CMD_OP_CREATE_QP && st_hijack_forget_qp)
-		st_hijack_forget_qp(number); /* before the QP's memory can be reused */
+		st_hijack_forget_qp(number);
+	errno = saved;
 	st_rdma_enter();
 	int ret = real_mlx5dv_devx_obj_destroy(obj);
 	st_rdma_leave();
-	int saved = errno;
+	saved = errno;
 	if (ret == 0) {
 		if (known)
 			devx_lookup(obj, &op, &number, 1);
-		st_ev(ST_EV_MLX5_DEVX_OBJ_DESTROY, op, number, (uintptr_t)obj);
+		if (record)
+			st_ev(ST_EV_MLX5_DEVX_OBJ_DESTROY, op, number, (uintptr_t)obj);
 	}
+	errno = saved;
+	return ret;
+}
+
+ST_EXPORT int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *umem)
+{
+	if (!ST_REAL(real_mlx5dv_devx_umem_dereg, "mlx5dv_devx_umem_dereg"))
+		return ENOSYS;
+	int record = umem && st_rdma_should(ST_PROV_MLX5);
+	uint32_t id = umem ? umem->umem_id : 0; /* read before the umem is freed */
+	st_rdma_enter();
+	int ret = real_mlx5dv_devx_umem_dereg(umem);
+	st_rdma_leave();
+	if (ret != 0 || !umem)
+		return ret;
+	int saved = errno;
+	/* the hijack forgets the umem before its id can be reused, and before the
+	 * application frees its memory: returns once no poller holds a pointer into it */
+	if (st_hijack_forget_umem)
+		st_hijack_forget_umem(id);
+	if (record)
+		st_ev(ST_EV_MLX5_DEVX_UMEM_DEREG, 0, id, 0);
 	errno = saved;
 	return ret;
 }
@@ -442,3 +466,9 @@ static const struct st_hook mlx5_hooks[] = {
 };
 
 ST_HOOKS_CONSTRUCTOR(111, mlx5_hooks)
+
+/* held across fork, so no child inherits it locked (core.h, st_fork_guard) */
+__attribute__((constructor(111))) static void mlx5_fork_guard(void)
+{
+	st_fork_guard(&mlx5_lock, ST_FORK_RANK_MLX5);
+}

@@ -33,6 +33,7 @@
  * mode always writes it (the context pairs posts with completions).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
 
@@ -423,7 +424,7 @@ static void patch_cq(struct fid_cq *cq, const struct fi_cq_attr *attr)
 		st_json_int(&j, "format", state->cq_format);
 		st_json_uint(&j, "size", attr ? attr->size : 0);
 		st_json_close(&j, '}');
-		st_ev(ST_EV_OFI_CQ_OPEN, 0, state->id, st_side_json(buf, j.len));
+		st_ev(ST_EV_OFI_CQ_OPEN, 0, state->id, j.overflow ? 0 : st_side_json(buf, j.len));
 		errno = saved;
 	}
 	/* Simple mode omits polling: the CQ keeps its own table, zero cost. */
@@ -522,15 +523,35 @@ ST_EXPORT int fi_fabric(struct fi_fabric_attr *attr, struct fid_fabric **fabric,
 		int saved = errno;
 		struct ofi_obj *state = obj_new();
 		if (state) {
-			char buf[512];
+			/* the names are the application's: cut to 255 bytes each (marked), and
+			 * a record that still does not fit (escapes grow a name up to 6x) is
+			 * written without them -- never a side record that is not JSON */
+			char prov[256], name[256], buf[4096];
+			int cut = 0;
+			if (attr && attr->prov_name) {
+				cut |= strlen(attr->prov_name) >= sizeof prov;
+				snprintf(prov, sizeof prov, "%s", attr->prov_name);
+			}
+			if (attr && attr->name) {
+				cut |= strlen(attr->name) >= sizeof name;
+				snprintf(name, sizeof name, "%s", attr->name);
+			}
 			struct st_json j;
-			st_json_begin_object(&j, buf, sizeof(buf));
-			st_json_uint(&j, "id", state->id);
-			st_json_str(&j, "provider", attr ? attr->prov_name : NULL);
-			st_json_str(&j, "name", attr ? attr->name : NULL);
-			st_json_hex(&j, "prov_version", attr ? attr->prov_version : 0);
-			st_json_close(&j, '}');
-			st_ev(ST_EV_OFI_FABRIC, 0, state->id, st_side_json(buf, j.len));
+			for (int pass = 0; pass < 2; pass++) {
+				st_json_begin_object(&j, buf, sizeof(buf));
+				st_json_uint(&j, "id", state->id);
+				if (!pass) {
+					st_json_str(&j, "provider", attr && attr->prov_name ? prov : NULL);
+					st_json_str(&j, "name", attr && attr->name ? name : NULL);
+				}
+				st_json_hex(&j, "prov_version", attr ? attr->prov_version : 0);
+				if (cut || pass)
+					st_json_bool(&j, "truncated", 1);
+				st_json_close(&j, '}');
+				if (!j.overflow)
+					break;
+			}
+			st_ev(ST_EV_OFI_FABRIC, 0, state->id, j.overflow ? 0 : st_side_json(buf, j.len));
 			PATCH(&(*fabric)->ops, struct fi_ops_fabric, state, { SET(domain, fabric_domain); SET(domain2, fabric_domain2); });
 		}
 		errno = saved;

@@ -23,6 +23,8 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <ucp/api/ucp.h>
 
@@ -185,6 +187,30 @@ static void worker_created(ucs_status_t ret, ucp_worker_h *worker_p)
 	errno = saved;
 }
 
+/* Up to n bytes of the memory at p into out, never more than is mapped there
+ * (a UCX worker address has no length in ucp_ep_params_t: the peer's address
+ * may end before 24 bytes, at the end of a mapping).  The kernel copies
+ * (process_vm_readv on ourselves): a page that is not readable ends the copy
+ * instead of faulting.  Two pieces, the first up to the end of p's page, so
+ * an unreadable next page still leaves the first.  Bytes copied. */
+static size_t read_mapped(void *out, const void *p, size_t n)
+{
+	uintptr_t a = (uintptr_t)p;
+	size_t first = 4096 - (a & 4095);
+	if (first > n)
+		first = n;
+	struct iovec local[2] = {{out, first}, {(char *)out + first, n - first}};
+	struct iovec remote[2] = {{(void *)p, first}, {(void *)(a + first), n - first}};
+	ssize_t got = process_vm_readv(getpid(), local, n > first ? 2 : 1, remote, n > first ? 2 : 1, 0);
+	if (got < 0 && errno != EFAULT) {
+		/* the call refused (a seccomp filter, say): the rest of p's page is
+		 * mapped if its first byte is */
+		memcpy(out, p, first);
+		return first;
+	}
+	return got > 0 ? (size_t)got : 0;
+}
+
 /* UCP_EP_CREATE: the id and how the endpoint names its peer. */
 static void ep_created(ucs_status_t ret, ucp_worker_h worker, const ucp_ep_params_t *params, ucp_ep_h *ep_p)
 {
@@ -197,8 +223,12 @@ static void ep_created(ucs_status_t ret, ucp_worker_h worker, const ucp_ep_param
 	st_json_uint(&j, "worker", st_obj_id(worker, NULL));
 	if (params) {
 		st_json_hex(&j, "field_mask", params->field_mask);
-		if ((params->field_mask & UCP_EP_PARAM_FIELD_REMOTE_ADDRESS) && params->address)
-			st_json_bytes_hex(&j, "remote_address_prefix", params->address, 24);
+		if ((params->field_mask & UCP_EP_PARAM_FIELD_REMOTE_ADDRESS) && params->address) {
+			/* the first bytes, as the peer's UCP_WORKER_CREATE records min(length, 24) of its own */
+			unsigned char pre[24];
+			size_t n = read_mapped(pre, params->address, sizeof pre);
+			st_json_bytes_hex(&j, "remote_address_prefix", pre, n);
+		}
 		if ((params->field_mask & UCP_EP_PARAM_FIELD_SOCK_ADDR) && params->sockaddr.addr)
 			st_json_sockaddr(&j, "sockaddr", params->sockaddr.addr, params->sockaddr.addrlen);
 		if (params->field_mask & UCP_EP_PARAM_FIELD_CONN_REQUEST) {
@@ -267,18 +297,34 @@ static inline void ep_closing(ucp_ep_h ep, uint16_t how)
 	}
 }
 
+/* After a close or destroy the object's id entry goes (core/objmap.c): UCX
+ * may hand the address out again for another endpoint or worker.  Always,
+ * traced or not (the entry was made while tracing); errno kept.  A close that
+ * UCX refused (an error status) leaves the endpoint, and its id, alive. */
+static void forget(const void *obj, ucs_status_ptr_t how_it_went)
+{
+	int saved = errno;
+	if (!UCS_PTR_IS_ERR(how_it_went))
+		st_obj_forget(obj);
+	errno = saved;
+}
+
 ST_EXPORT ucs_status_ptr_t ucp_ep_close_nbx(ucp_ep_h ep, const ucp_request_param_t *param)
 {
 	ep_closing(ep, 0);
 	__typeof__(real_ucp_ep_close_nbx) real = R(ucp_ep_close_nbx);
-	return real(ep, param);
+	ucs_status_ptr_t r = real(ep, param);
+	forget(ep, r);
+	return r;
 }
 
 ST_EXPORT ucs_status_ptr_t ucp_ep_close_nb(ucp_ep_h ep, unsigned mode)
 {
 	ep_closing(ep, 0);
 	__typeof__(real_ucp_ep_close_nb) real = R(ucp_ep_close_nb);
-	return real(ep, mode);
+	ucs_status_ptr_t r = real(ep, mode);
+	forget(ep, r);
+	return r;
 }
 
 ST_EXPORT void ucp_ep_destroy(ucp_ep_h ep)
@@ -286,6 +332,14 @@ ST_EXPORT void ucp_ep_destroy(ucp_ep_h ep)
 	ep_closing(ep, 1);
 	__typeof__(real_ucp_ep_destroy) real = R(ucp_ep_destroy);
 	real(ep);
+	forget(ep, NULL);
+}
+
+ST_EXPORT void ucp_worker_destroy(ucp_worker_h worker)
+{
+	__typeof__(real_ucp_worker_destroy) real = R(ucp_worker_destroy);
+	real(worker);
+	forget(worker, NULL);
 }
 
 /* ---- hook table (dlsym injection) ------------------------------------------------------ */
