@@ -127,6 +127,8 @@ EXPORT void emu_cq_free(struct emu_nic *nic, struct emu_cq *cq)
 	pthread_mutex_unlock(&nic->lock);
 	if (cq->own_buf)
 		free(cq->buf);
+	emu_buf_free(&cq->cbuf);
+	emu_buf_free(&cq->dbuf);
 	free(cq);
 }
 

@@ -96,6 +96,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev)
 	e->vctx.query_device_ex = emu_query_device_ex;
 	e->vctx.create_qp_ex = emu_create_qp_ex;
 	e->vctx.create_srq_ex = emu_create_srq_ex;
+	e->vctx.alloc_parent_domain = emu_alloc_parent_domain; /* pd.c */
 	return c;
 }
 

@@ -42,7 +42,7 @@ static int dbr_recovery(struct emu_nic *nic, struct emu_uar *u, struct emu_qp *r
 		struct emu_qp *q = nic->qlist[i];
 		if (q == rung || q->uar != u->page || !q->dbrec || q->state != IBV_QPS_RTS)
 			continue;
-		uint16_t pi = (uint16_t)(be32toh(q->dbrec[ST_MLX5_SND_DBR]) & 0xffff);
+		uint16_t pi = (uint16_t)(emu_dma_load_be32(&q->dbrec[ST_MLX5_SND_DBR]) & 0xffff);
 		uint16_t ahead = (uint16_t)(pi - (uint16_t)q->sq_announced);
 		if (ahead && ahead <= q->sq_wqebb && (uint16_t)(pi - (q->sq_exec & 0xffff)) <= q->sq_wqebb) {
 			q->sq_announced = pi;

@@ -43,6 +43,7 @@ void __tsan_ignore_thread_end(void);
 #define EMU_MAX_SGE     16
 #define EMU_MAX_INLINE  512
 #define EMU_MAX_NODES   64
+#define EMU_MAX_PD      4096            /* PD numbers 1..EMU_MAX_PD-1 */
 #define EMU_PKT_MAX     65536u          /* payload bytes per fabric packet */
 #define EMU_RING_BYTES  (8u << 20)      /* inbox ring size per node */
 #define EMU_OUTQ_LIMIT  (4u << 20)      /* requester back-pressure per peer */
@@ -110,7 +111,12 @@ struct emu_pkt {
 	uint64_t swap_add, compare;
 	uint8_t  op;        /* mlx5 opcode of the request */
 	uint8_t  grh;       /* PKT_UD_SEND: the datagram carries a GRH (sgid, dgid below) */
-	uint8_t  pad[6];
+	uint8_t  opmod;     /* ATOMIC_REQ: the ctrl opmod (0x08/0x09 extended atomics) */
+	uint8_t  asize;     /* ATOMIC_REQ: operand bytes, 4 or 8 */
+	uint8_t  dc;        /* request from a DCI: dc_key below is the DC access key */
+	uint8_t  pad[3];
+	uint64_t mask_a, mask_b; /* masked atomics: swap mask or field boundary, compare mask */
+	uint64_t dc_key;
 	uint8_t  sgid[16], dgid[16]; /* PKT_UD_SEND with grh */
 	uint8_t  payload[];
 };
@@ -145,7 +151,20 @@ struct emu_ah {             /* an address handle: the mlx5 AV that UD WQEs carry
 	int is_global;
 };
 
-struct emu_pd { struct ibv_pd pd; uint32_t pdn; };
+/* A protection domain, or a parent domain (ibv_alloc_parent_domain, pd.c):
+ * a parent domain names its protection domain (parent) and may carry the
+ * application's buffer allocators, which the objects created on it use. */
+struct emu_pd {
+	struct ibv_pd pd;
+	uint32_t pdn;
+	struct emu_pd *parent;   /* parent domain: the protection domain; NULL for a PD */
+	void *(*alloc)(struct ibv_pd *pd, void *pd_context, size_t size, size_t alignment, uint64_t resource_type);
+	void (*free)(struct ibv_pd *pd, void *pd_context, void *ptr, uint64_t resource_type);
+	void *pd_context;
+	int refs;                /* objects created on this (parent) domain */
+};
+/* A buffer of an object: from a parent domain's allocator or the emulator's own. */
+struct emu_buf { void *ptr; size_t size; struct emu_pd *pd; uint64_t type; };
 struct emu_channel { struct ibv_comp_channel ch; int wfd; };
 
 struct emu_mr {
@@ -155,6 +174,8 @@ struct emu_mr {
 	int access;
 	uint32_t pdn;
 	int valid;
+	int gpu;          /* GPU memory: the NIC copies it through CUDA (dma.c) */
+	int dmabuf_fd;    /* ibv_reg_dmabuf_mr: the fd (the application's), else -1 */
 };
 
 struct emu_umem {   /* mlx5dv_devx_umem must be first */
@@ -163,6 +184,7 @@ struct emu_umem {   /* mlx5dv_devx_umem must be first */
 	void *addr;
 	size_t size;
 	int valid;
+	int gpu;          /* GPU memory (dma.c) */
 };
 
 struct emu_uar {    /* a UAR page the NIC watches */
@@ -200,6 +222,7 @@ struct emu_cq {
 	uint32_t events;      /* events signalled */
 	int own_buf;
 	uint8_t dbr_storage[64];
+	struct emu_buf cbuf, dbuf; /* ring and doorbell record from a parent domain's allocator (pd.c) */
 };
 
 /* An SRQ in mlx5 layout: WQEs of a 16-byte next segment (next_wqe_index at
@@ -220,6 +243,7 @@ struct emu_srq {
 	uint32_t limit;
 	pthread_spinlock_t plock;
 	uint8_t dbr_storage[64];
+	struct emu_buf sbuf, dbuf; /* ring and doorbell record from a parent domain's allocator (pd.c) */
 };
 
 struct emu_inflight {
@@ -249,7 +273,15 @@ struct emu_qp {
 	uint32_t bf_off;           /* its doorbell register in the UAR page (0x800, 0xa00 when shared) */
 	uint32_t bf_size;          /* 256 once mlx5dv_init_obj handed out BlueFlame registers, else 0 */
 	int devx;
-	int qp_type;               /* IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD */
+	int qp_type;               /* IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, EMU_QPT_DCI, EMU_QPT_DCT */
+	uint32_t user_index;       /* qpc.user_index: CQE srqn_uidx with cqe_version 1 (DevX) */
+	uint32_t pdn;
+	uint8_t atomic_mode;       /* qpc.atomic_mode (DevX; verbs QPs: UP_TO_8B) */
+	uint8_t pm_state, counter_set_id, log_rra_max, log_sra_max, log_msg_max, sl, log_ack_req_freq;
+	uint16_t pkey_index;
+	uint64_t dc_key;           /* DCI: qpc.dc_access_key; DCT: the key initiators must present */
+	uint32_t fence_seen;       /* sq_exec + 1 of the last fenced WQE counted as waiting */
+	struct emu_buf qbuf, dbuf; /* WQ buffer and doorbell record from a parent domain's allocator */
 	uint32_t qkey;             /* UD */
 	/* doorbell checks (doorbell.c): the last producer index rung on each of
 	 * the page's registers 0x800 + 0x100 * r, valid where bit r of db_seen */
@@ -325,15 +357,21 @@ struct emu_qp {
 	X(async_events, "async events raised")                                               \
 	X(ud_sent, "UD datagrams sent")                                                      \
 	X(ud_received, "UD datagrams received")                                              \
-	X(ud_dropped, "UD datagrams dropped (no QP, Q_Key mismatch, no receive WQE)")
+	X(ud_dropped, "UD datagrams dropped (no QP, Q_Key mismatch, no receive WQE)")                 \
+	X(wqe_bad_opcode, "send WQEs the HCA refused (unknown opcode, opmod or QP type): LOCAL_QP_OP_ERR CQE") \
+	X(wqe_fenced, "fenced WQEs that waited for earlier RDMA READs/atomics to complete")      \
+	X(atomic_refused, "atomics NAKed by the responder (alignment, QP atomic_mode)")            \
+	X(dc_key_violations, "DC requests whose DC access key did not match the DCT's")           \
+	X(dma_gpu_copies, "NIC copies of GPU memory through CUDA (dma.c)")                         \
+	X(dma_gpu_errors, "NIC copies of GPU memory that failed")
 struct emu_stats {
 #define EMU_STAT_FIELD(name, what) uint64_t name;
 	EMU_STATS(EMU_STAT_FIELD)
 #undef EMU_STAT_FIELD
 	/* the ground truth a trace is checked against: send-queue WQEs executed, per mlx5 opcode (ref §1.2;
 	 * 5 bits), with their payload bytes (atomics: 8), and receive WQEs consumed by incoming messages */
-	uint64_t wqes_by_opcode[32];
-	uint64_t bytes_by_opcode[32];
+	uint64_t wqes_by_opcode[64];
+	uint64_t bytes_by_opcode[64];
 	uint64_t recvs_consumed;
 };
 
@@ -368,12 +406,24 @@ struct emu_nic {
 	struct emu_uar *uars;
 	struct emu_qp *qlist[EMU_MAX_QP]; int nq;
 	uint32_t next_pdn, next_uar_id;
+	uint8_t pd_live[EMU_MAX_PD]; /* PD numbers allocated (verbs or DevX ALLOC_PD), checked by DevX commands */
+	int dc_enabled;  /* SIGMATRACE_EMU_DC: DCT/DCI objects exist (mlx5dv_create_qp DCT, DevX DCI/DCT, hca_cap.dct) */
+	int dmabuf_enabled; /* SIGMATRACE_EMU_DMABUF: ibv_reg_dmabuf_mr registers (else EOPNOTSUPP) */
 	int have_devx_uars;
 	uint64_t last_liveness_ns;
 	int bf_enabled;  /* SIGMATRACE_EMU_BF (default 1): init_obj(QP) reports bf.size 256 */
 	char stats_path[256]; /* SIGMATRACE_EMU_STATS */
 	struct emu_stats *stats; /* the process's counters (they outlive a released NIC) */
 };
+
+/* QP types beyond ibv_qp_type (mlx5 DC): a DC initiator (DevX CREATE_QP st
+ * DCI) and a DC target (mlx5dv_create_qp DCT, DevX CREATE_DCT). */
+#define EMU_QPT_DCI 0x105
+#define EMU_QPT_DCT 0x106
+
+/* An atomic operation (amo.c): opcode, opmod, operand bytes; a = swap/add,
+ * b = compare, am = swap mask / field boundary, bm = compare mask. */
+struct emu_amo { uint8_t op, opmod, size; uint64_t a, b, am, bm; };
 
 /* ---- helpers shared by the objects' calls -------------------------------- */
 /* A zeroed object for a verbs call: NULL with errno ENOMEM, the way the
@@ -470,6 +520,36 @@ int emu_srq_take(struct emu_srq *s, uint32_t *wqe); /* srq.c (NIC): 0 and the WQ
 
 /* doorbell.c */
 int emu_scan_uars(struct emu_nic *nic);
+
+/* dma.c: the NIC's accesses of registered memory; GPU memory through CUDA */
+int emu_devmem_register(uint64_t addr, uint64_t len);  /* 1 GPU memory, 0 host, -1 table full */
+void emu_devmem_unregister(uint64_t addr, uint64_t len);
+int emu_dma_is_device(uint64_t addr, size_t n);
+int emu_dma_read(void *dst, uint64_t src, size_t n);   /* 0, or -1: a GPU copy failed */
+int emu_dma_write(uint64_t dst, const void *src, size_t n);
+uint32_t emu_dma_load_be32(const volatile uint32_t *p);
+void emu_dma_counts(uint64_t *copies, uint64_t *errors);
+
+/* amo.c */
+int emu_amo_apply(const struct emu_amo *o, uint64_t addr, uint64_t *orig);
+int emu_amo_parse(const uint8_t *w, uint32_t off, uint32_t ds, uint32_t opcode, uint32_t opmod,
+		  struct emu_amo *o, const struct st_mlx5_wqe_data_seg **data);
+
+/* pd.c */
+struct emu_pd *emu_pd_of(struct ibv_pd *pd);         /* the protection domain (a parent domain's parent) */
+uint32_t emu_pd_num(struct ibv_pd *pd);             /* its PD number */
+int emu_pd_alive(struct emu_nic *nic, uint32_t pdn); /* NIC lock held */
+uint32_t emu_pd_alloc_num(struct emu_nic *nic);      /* NIC lock held; 0 when none is left */
+void emu_pd_free_num(struct emu_nic *nic, uint32_t pdn);
+int emu_buf_alloc(struct emu_buf *b, struct ibv_pd *pd, size_t size, size_t align, uint64_t type);
+void emu_buf_free(struct emu_buf *b);
+struct ibv_pd *emu_alloc_parent_domain(struct ibv_context *c, struct ibv_parent_domain_init_attr *a);
+
+/* dct.c: DC targets (verbs mlx5dv_create_qp DCT) */
+struct emu_qp *emu_dct_new(struct emu_nic *nic, struct ibv_context *c, struct emu_srq *srq, struct emu_cq *rcq,
+			   uint64_t key, uint32_t pdn, int devx);
+struct ibv_qp *emu_dct_create(struct ibv_context *c, struct ibv_qp_init_attr_ex *a, uint64_t access_key);
+int emu_dct_modify(struct emu_qp *qp, struct ibv_qp_attr *attr, int mask);
 
 /* ---- verbs side ------------------------------------------------------------ */
 static inline struct emu_context *to_ectx(struct ibv_context *c)

@@ -107,8 +107,6 @@ EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *c, struct ibv_ah_attr
 { return EOPNOTSUPP; }
 EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece) { return EOPNOTSUPP; }
 EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece) { return EOPNOTSUPP; }
-EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t off, size_t len, uint64_t iova, int fd, int access)
-{ errno = EOPNOTSUPP; return NULL; }
 EXPORT struct ibv_context *ibv_import_device(int fd) { errno = EOPNOTSUPP; return NULL; }
 EXPORT struct ibv_pd *ibv_import_pd(struct ibv_context *c, uint32_t h) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void ibv_unimport_pd(struct ibv_pd *pd) {}

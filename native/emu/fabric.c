@@ -215,7 +215,7 @@ static void gather_copy(uint8_t *dst, const struct emu_gather *g, int ng, uint32
 		uint32_t n = g[i].len - off;
 		if (n > len)
 			n = len;
-		memcpy(dst, g[i].data + off, n);
+		emu_dma_read(dst, (uint64_t)(uintptr_t)(g[i].data + off), n); /* GPU memory through CUDA (dma.c) */
 		dst += n;
 		len -= n;
 		off = 0;

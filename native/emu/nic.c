@@ -69,6 +69,10 @@ static void nic_config(struct emu_nic *nic)
 	nic->bfreg_share = !e ? 0 : !strcmp(e, "page") ? 1 : !strcmp(e, "word") ? 2 : 0;
 	e = getenv("SIGMATRACE_EMU_BF");
 	nic->bf_enabled = !(e && *e == '0');
+	e = getenv("SIGMATRACE_EMU_DC");
+	nic->dc_enabled = e && *e && *e != '0';
+	e = getenv("SIGMATRACE_EMU_DMABUF");
+	nic->dmabuf_enabled = e && *e && *e != '0';
 	e = getenv("SIGMATRACE_EMU_STATS");
 	snprintf(nic->stats_path, sizeof nic->stats_path, "%s", e ? e : "");
 	e = getenv("SIGMATRACE_EMU_DEV_NAME");
@@ -222,6 +226,7 @@ EXPORT void emu_stats_write(struct emu_nic *nic)
 	FILE *f = fopen(tmp, "w");
 	if (!f)
 		return;
+	emu_dma_counts(&nic->stats->dma_gpu_copies, &nic->stats->dma_gpu_errors);
 	fprintf(f, "{\"pid\": %d, \"lid\": %u, \"fabric\": \"%s\", \"dev\": \"%s\"", (int)getpid(), nic->lid,
 		nic->fabric, nic->dev_name);
 #define EMU_STAT_JSON(name, what) fprintf(f, ", \"%s\": %llu", #name, (unsigned long long)nic->stats->name);
@@ -232,7 +237,7 @@ EXPORT void emu_stats_write(struct emu_nic *nic)
 		const uint64_t *v = k ? nic->stats->bytes_by_opcode : nic->stats->wqes_by_opcode;
 		fprintf(f, ", \"%s\": {", k ? "bytes_by_opcode" : "wqes_by_opcode");
 		const char *sep = "";
-		for (int op = 0; op < 32; op++)
+		for (int op = 0; op < 64; op++)
 			if (v[op]) {
 				fprintf(f, "%s\"0x%02x\": %llu", sep, op, (unsigned long long)v[op]);
 				sep = ", ";
@@ -252,6 +257,27 @@ static void emu_atexit(void)
 		shm_unlink(g_nic->shm_name);
 	if (g_nic)
 		emu_stats_write(g_nic);
+}
+
+/* Whether [addr, addr + len) lies inside one of this process's UAR pages:
+ * the query the test-only CUDA shim (cudashim.c) asks before it registers a
+ * UAR with the CUDA driver without CU_MEMHOSTREGISTER_IOMEMORY. */
+EXPORT int emu_uar_contains(const void *addr, size_t len)
+{
+	int r = 0;
+	uintptr_t a = (uintptr_t)addr;
+	pthread_mutex_lock(&g_nic_lock);
+	struct emu_nic *nic = g_nic;
+	if (nic) {
+		pthread_mutex_lock(&nic->lock);
+		for (struct emu_uar *u = nic->uars; u && !r; u = u->next) {
+			uintptr_t p = (uintptr_t)u->page;
+			r = a >= p && a - p < ST_MLX5_ADAPTER_PAGE_SIZE && len <= ST_MLX5_ADAPTER_PAGE_SIZE - (a - p);
+		}
+		pthread_mutex_unlock(&nic->lock);
+	}
+	pthread_mutex_unlock(&g_nic_lock);
+	return r;
 }
 
 EXPORT struct emu_nic *emu_nic_get(void)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "emu_internal.h"
+#include "emu_prm.h"
 
 static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd, struct ibv_qp_init_attr *ia,
 				       uint64_t send_ops)
@@ -54,22 +55,43 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 		rq_bytes = (rq_bytes + 63) & ~(size_t)63;
 	}
 	size_t sq_bytes = (size_t)qp->sq_wqebb * 64;
-	qp->qp_buf = aligned_alloc(4096, (rq_bytes + sq_bytes + 4095) & ~(size_t)4095);
+	/* on a parent domain with allocators the ring and the doorbell record are
+	 * the application's (pd.c); else the emulator's */
+	int from_pd = emu_pd_of(pd) != (struct emu_pd *)pd;
+	if (from_pd) {
+		if (emu_buf_alloc(&qp->qbuf, pd, rq_bytes + sq_bytes, 4096, MLX5DV_RES_TYPE_QP) ||
+		    emu_buf_alloc(&qp->dbuf, pd, ST_MLX5_DBR_SIZE, 8, MLX5DV_RES_TYPE_DBR)) {
+			emu_buf_free(&qp->qbuf);
+			free(qp);
+			errno = ENOMEM;
+			return NULL;
+		}
+		qp->qp_buf = qp->qbuf.ptr;
+	} else {
+		qp->qp_buf = aligned_alloc(4096, (rq_bytes + sq_bytes + 4095) & ~(size_t)4095);
+	}
 	qp->sq_wrid = calloc(qp->sq_wqebb, sizeof(uint64_t));
 	qp->sq_next = calloc(qp->sq_wqebb, sizeof(uint32_t));
 	qp->rq_wrid = qp->rq_wqe_cnt ? calloc(qp->rq_wqe_cnt, sizeof(uint64_t)) : NULL;
 	qp->inflight = calloc(qp->sq_wqebb, sizeof(struct emu_inflight));
 	if (!qp->qp_buf || !qp->sq_wrid || !qp->sq_next || !qp->inflight || (qp->rq_wqe_cnt && !qp->rq_wrid)) {
-		free(qp->qp_buf); free(qp->sq_wrid); free(qp->sq_next); free(qp->rq_wrid); free(qp->inflight); free(qp);
+		if (from_pd) {
+			emu_buf_free(&qp->qbuf);
+			emu_buf_free(&qp->dbuf);
+		} else {
+			free(qp->qp_buf);
+		}
+		free(qp->sq_wrid); free(qp->sq_next); free(qp->rq_wrid); free(qp->inflight); free(qp);
 		errno = ENOMEM;
 		return NULL;
 	}
 	memset(qp->qp_buf, 0, rq_bytes + sq_bytes);
-	qp->own_bufs = 1;
+	qp->own_bufs = !from_pd;
+	qp->pdn = emu_pd_num(pd);
 	qp->rq_buf = qp->qp_buf;            /* RQ at offset 0, SQ after it (ref §1.1) */
 	qp->sq_buf = qp->qp_buf + rq_bytes;
 	qp->inflight_cap = qp->sq_wqebb;
-	qp->dbrec = (volatile uint32_t *)qp->dbr_storage;
+	qp->dbrec = (volatile uint32_t *)(from_pd ? qp->dbuf.ptr : qp->dbr_storage);
 	pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
 	pthread_spin_init(&qp->rq_lock, PTHREAD_PROCESS_PRIVATE);
 	qp->scq = to_ecq(ia->send_cq);
@@ -104,11 +126,18 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 	}
 	pthread_mutex_unlock(&nic->lock);
 	if (r) {
-		free(qp->qp_buf); free(qp->sq_wrid); free(qp->sq_next); free(qp->rq_wrid); free(qp->inflight); free(qp);
+		if (from_pd) {
+			emu_buf_free(&qp->qbuf);
+			emu_buf_free(&qp->dbuf);
+		} else {
+			free(qp->qp_buf);
+		}
+		free(qp->sq_wrid); free(qp->sq_next); free(qp->rq_wrid); free(qp->inflight); free(qp);
 		errno = ENOMEM;
 		return NULL;
 	}
 	qp->uar = qp->uarobj->page;
+	qp->atomic_mode = EMU_QPC_ATOMIC_MODE_UP_TO_8B; /* what the kernel gives a verbs RC QP: not checked for verbs */
 	struct ibv_qp *b = &qp->qpx.qp_base;
 	b->context = c;
 	b->qp_context = ia->qp_context;
@@ -188,6 +217,8 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	pthread_mutex_unlock(&nic->lock);
 	if (qp->own_bufs)
 		free(qp->qp_buf);
+	emu_buf_free(&qp->qbuf);
+	emu_buf_free(&qp->dbuf);
 	free(qp->sq_wrid);
 	free(qp->sq_next);
 	free(qp->rq_wrid);
@@ -255,6 +286,8 @@ EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask
 {
 	struct emu_qp *qp = to_eqp(ibqp);
 	struct emu_nic *nic = qp->nic;
+	if (qp->qp_type == EMU_QPT_DCT)
+		return emu_dct_modify(qp, attr, mask); /* dct.c */
 	pthread_mutex_lock(&nic->lock);
 	int cur = (mask & IBV_QP_CUR_STATE) ? (int)attr->cur_qp_state : qp->state;
 	int nw = (mask & IBV_QP_STATE) ? (int)attr->qp_state : cur;

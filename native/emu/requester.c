@@ -13,8 +13,8 @@ EXPORT void emu_count_wqe(struct emu_nic *nic, uint32_t opcode, uint64_t bytes)
 {
 	if (!nic->stats)
 		return;
-	__atomic_fetch_add(&nic->stats->wqes_by_opcode[opcode & 31], 1, __ATOMIC_RELAXED);
-	__atomic_fetch_add(&nic->stats->bytes_by_opcode[opcode & 31], bytes, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&nic->stats->wqes_by_opcode[opcode & 63], 1, __ATOMIC_RELAXED);
+	__atomic_fetch_add(&nic->stats->bytes_by_opcode[opcode & 63], bytes, __ATOMIC_RELAXED);
 }
 
 /* ---- CQE writing (ref §2.2) ------------------------------------------------ */
@@ -26,7 +26,7 @@ EXPORT void emu_cq_write(struct emu_cq *cq, const struct st_mlx5_cqe64 *cqe)
 	uint32_t n = cq->ncqe;
 	if (!cq->collapsed && !cq->ignore_overrun) {
 		/* the doorbell record is host memory the consumer updates while the NIC reads it */
-		uint32_t ci = be32toh(__atomic_load_n(&cq->dbrec[ST_MLX5_CQ_SET_CI], __ATOMIC_RELAXED)) & 0xffffff;
+		uint32_t ci = emu_dma_load_be32(&cq->dbrec[ST_MLX5_CQ_SET_CI]) & 0xffffff;
 		if (((cq->pi - ci) & 0xffffff) >= n) {
 			static int warned;
 			if (!warned++)
@@ -34,9 +34,23 @@ EXPORT void emu_cq_write(struct emu_cq *cq, const struct st_mlx5_cqe64 *cqe)
 		}
 	}
 	uint8_t *slot = (uint8_t *)emu_cqe_at(cq, cq->collapsed ? 0 : cq->pi);
-	memcpy(slot, cqe, 63);
 	uint8_t op_own = (uint8_t)((cqe->op_own & 0xfe) | (!!(cq->pi & n)));
-	__atomic_store_n(slot + 63, op_own, __ATOMIC_RELEASE);
+	/* Bytes 0..55, then the last 8 (sop_drop_qpn, wqe_counter, signature,
+	 * op_own) in one store: a poller that sees op_own -- or, on a collapsed
+	 * CQ whose slot always holds a valid CQE, the new wqe_counter, as
+	 * NVSHMEM's ibgda_poll_cq reads it -- sees the whole CQE, never a new
+	 * counter beside the previous CQE's opcode. */
+	uint64_t tail;
+	memcpy(&tail, (const uint8_t *)cqe + 56, 8);
+	((uint8_t *)&tail)[7] = op_own;
+	if (emu_dma_is_device((uint64_t)(uintptr_t)slot, 64)) {
+		/* a CQ ring in GPU memory (NVSHMEM's default): two copies, the last 8 bytes second */
+		emu_dma_write((uint64_t)(uintptr_t)slot, cqe, 56);
+		emu_dma_write((uint64_t)(uintptr_t)slot + 56, &tail, 8);
+	} else {
+		memcpy(slot, cqe, 56);
+		__atomic_store_n((uint64_t *)(slot + 56), tail, __ATOMIC_RELEASE);
+	}
 	cq->pi++;
 	emu_cq_written(cq, op_own);
 	pthread_mutex_unlock(&cq->lock);
@@ -51,7 +65,7 @@ static void cqe_req(struct emu_qp *qp, uint16_t wqe_idx, uint8_t opcode, uint32_
 	c.byte_cnt = htobe32(byte_len);
 	c.sop_drop_qpn = htobe32(((uint32_t)opcode << 24) | qp->qpn);
 	c.wqe_counter = htobe16(wqe_idx);
-	c.srqn_uidx = 0;
+	c.srqn_uidx = htobe32(qp->user_index & 0xffffff); /* cqe_version 1: the QP's user index (DevX) */
 	c.op_own = ST_MLX5_CQE_REQ << 4;
 	emu_cq_write(qp->scq, &c);
 }
@@ -66,6 +80,8 @@ void emu_cqe_err(struct emu_cq *cq, struct emu_qp *qp, int resp, uint16_t wqe_id
 	e.vendor_err_synd = syndrome == ST_MLX5_CQE_SYNDROME_WR_FLUSH_ERR ? 0xf9 : 0x81;
 	e.s_wqe_opcode_qpn = htobe32(((uint32_t)opcode << 24) | qp->qpn);
 	e.wqe_counter = htobe16(wqe_idx);
+	if (!resp)
+		e.srqn = htobe32(qp->user_index & 0xffffff);
 	e.op_own = (uint8_t)((resp ? ST_MLX5_CQE_RESP_ERR : ST_MLX5_CQE_REQ_ERR) << 4);
 	emu_cq_write(cq, (struct st_mlx5_cqe64 *)&e);
 }
@@ -135,28 +151,31 @@ EXPORT void emu_qp_reset_nic_state(struct emu_qp *qp)
 		qp->bf_snap[i].valid = 0;
 }
 
-/* Copy `len` bytes of the WQE that starts at WQEBB index `idx` (ring wrap aware). */
-static void sq_read(struct emu_qp *qp, uint32_t idx, uint32_t off, void *dst, uint32_t len)
+/* Copy `len` bytes of the WQE that starts at WQEBB index `idx` (ring wrap
+ * aware; the ring may be GPU memory, dma.c): 0, or -1 when it could not be read. */
+static int sq_read(struct emu_qp *qp, uint32_t idx, uint32_t off, void *dst, uint32_t len)
 {
 	uint32_t ring = qp->sq_wqebb * 64;
 	uint32_t pos = ((idx & (qp->sq_wqebb - 1)) * 64 + off) & (ring - 1);
 	uint8_t *d = dst;
+	int r = 0;
 	while (len) {
 		uint32_t n = ring - pos;
 		if (n > len)
 			n = len;
-		memcpy(d, qp->sq_buf + pos, n);
+		r |= emu_dma_read(d, (uint64_t)(uintptr_t)(qp->sq_buf + pos), n);
 		d += n;
 		len -= n;
 		pos = 0;
 	}
+	return r;
 }
 
 /* The WQE at idx as the NIC takes it: the SQ's bytes, except for the first
  * bytes of a BlueFlame copy taken for it (doorbell.c), which win. */
-static void wqe_fetch(struct emu_qp *qp, uint32_t idx, void *dst, uint32_t len, int consume)
+static int wqe_fetch(struct emu_qp *qp, uint32_t idx, void *dst, uint32_t len, int consume)
 {
-	sq_read(qp, idx, 0, dst, len);
+	int r = sq_read(qp, idx, 0, dst, len);
 	for (int i = 0; i < EMU_BF_SNAPS; i++) {
 		struct emu_bf_snap *b = &qp->bf_snap[i];
 		if (!b->valid || b->idx != (uint16_t)idx)
@@ -165,6 +184,60 @@ static void wqe_fetch(struct emu_qp *qp, uint32_t idx, void *dst, uint32_t len, 
 		if (consume)
 			b->valid = 0;
 	}
+	return r;
+}
+
+/* A WQE whose fence mode (ctrl fm_ce_se bits 7:5, ref §1.2) makes it wait:
+ * FENCE (2), SMALL_AND_FENCE (4) and INITIATOR_SMALL_FENCE (1) wait until the
+ * RDMA READs and atomics posted before it have completed (their responses
+ * written locally), STRONG_ORDERING (3) until every earlier WQE has.  1 while
+ * it must wait. */
+static int fence_blocks(const struct emu_qp *qp, uint32_t fm)
+{
+	for (uint32_t i = qp->inflight_head; i != qp->inflight_tail; i++) {
+		const struct emu_inflight *f = &qp->inflight[i % qp->inflight_cap];
+		if (f->done)
+			continue;
+		if (fm == 3)
+			return 1;
+		switch (f->opcode) {
+		case ST_MLX5_OPCODE_RDMA_READ:
+		case ST_MLX5_OPCODE_ATOMIC_CS:
+		case ST_MLX5_OPCODE_ATOMIC_FA:
+		case ST_MLX5_OPCODE_ATOMIC_MASKED_CS:
+		case ST_MLX5_OPCODE_ATOMIC_MASKED_FA:
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* The address vector of a DCI WQE (ref §1.8; NVSHMEM writes the 16-byte
+ * compact form unless the extended bit of dqp_dct is set) at w + 16: the
+ * destination node (*node, NULL when there is none) and DCT, the DC access
+ * key into h; the bytes it takes, or 0 when it does not fit in the WQE. */
+static uint32_t dci_address(struct emu_nic *nic, struct emu_qp *qp, const uint8_t *w, uint32_t ds, struct emu_pkt *h,
+			    struct emu_node **node)
+{
+	struct mlx5_wqe_av av;
+	memset(&av, 0, sizeof av);
+	uint32_t dqp_dct;
+	memcpy(&dqp_dct, w + 16 + offsetof(struct mlx5_wqe_av, dqp_dct), 4);
+	int ext = !!(be32toh(dqp_dct) & MLX5_EXTENDED_UD_AV);
+	uint32_t avlen = ext ? sizeof av : 16;
+	if (16 + avlen > ds * 16)
+		return 0;
+	memcpy(&av, w + 16, avlen);
+	h->dst_qpn = be32toh(av.dqp_dct) & 0xffffff;
+	h->dc = 1;
+	h->dc_key = be64toh(av.key.dc_key);
+	int global = ext && (be32toh(av.grh_gid_fl) & (1u << 30));
+	if (global)
+		*node = !memcmp(av.rgid, nic->gid, 16) ? nic->self : emu_node_by_gid(nic, av.rgid);
+	else
+		*node = be16toh(av.rlid) == nic->lid ? nic->self : emu_node_by_lid(nic, be16toh(av.rlid));
+	(void)qp;
+	return avlen;
 }
 
 enum { EXEC_DONE = 0, EXEC_STALL = 1 };
@@ -177,6 +250,8 @@ static int exec_ud(struct emu_nic *nic, struct emu_qp *qp, struct emu_inflight *
 {
 	f->done = 1;
 	if (opcode != ST_MLX5_OPCODE_SEND && opcode != ST_MLX5_OPCODE_SEND_IMM) {
+		nic->stats->wqe_bad_opcode++; /* UD sends only SENDs */
+		EMU_ERR("WQE ERROR: UD qp 0x%x opcode 0x%02x: not a SEND (local QP operation error)", qp->qpn, opcode);
 		f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR;
 		return EXEC_DONE;
 	}
@@ -275,7 +350,7 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 	uint32_t idx = qp->sq_exec & 0xffff;
 	uint8_t w[ST_MLX5_SEND_WQE_MAX_WQEBBS * 64];
 	struct st_mlx5_wqe_ctrl_seg ctrl;
-	wqe_fetch(qp, idx, &ctrl, sizeof ctrl, 0);
+	int fetch_err = wqe_fetch(qp, idx, &ctrl, sizeof ctrl, 0);
 	uint32_t ds = st_mlx5_ctrl_ds(&ctrl);
 	uint32_t opcode = st_mlx5_ctrl_opcode(&ctrl), opmod = st_mlx5_ctrl_opmod(&ctrl);
 	if (ds == 0)
@@ -287,7 +362,16 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 		return EXEC_STALL;
 	if (qp->inflight_tail - qp->inflight_head >= qp->inflight_cap)
 		return EXEC_STALL;
-	wqe_fetch(qp, idx, w, ds * 16, 1);
+	uint32_t fm = ctrl.fm_ce_se >> 5;
+	if (fm && qp->state != IBV_QPS_ERR && fence_blocks(qp, fm)) {
+		if (qp->fence_seen != qp->sq_exec + 1) {
+			qp->fence_seen = qp->sq_exec + 1;
+			nic->stats->wqe_fenced++;
+			EMU_LOG("qp 0x%x wqe %u (fence mode %u) waits for earlier READs/atomics", qp->qpn, idx, fm);
+		}
+		return EXEC_STALL;
+	}
+	fetch_err |= wqe_fetch(qp, idx, w, ds * 16, 1);
 	int signaled = (ctrl.fm_ce_se & ST_MLX5_WQE_CTRL_CE_MASK) == ST_MLX5_WQE_CTRL_CQ_UPDATE ||
 		       (ctrl.fm_ce_se & ST_MLX5_WQE_CTRL_CE_MASK) == ST_MLX5_WQE_CTRL_CQ_UPDATE_AND_EQE;
 	struct emu_inflight *f = inflight_push(qp);
@@ -303,22 +387,60 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 		return EXEC_DONE;
 	}
 #define FAIL(s) do { f->done = 1; f->syndrome = (s); return EXEC_DONE; } while (0)
+#define REFUSE(why) do {                                                                                   \
+		nic->stats->wqe_bad_opcode++;                                                              \
+		EMU_ERR("WQE ERROR: qp 0x%x wqe %u opcode 0x%02x opmod 0x%02x: %s (local QP operation error)", \
+			qp->qpn, idx, opcode, opmod, why);                                                  \
+		FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);                                                \
+	} while (0)
+	if (fetch_err)
+		FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR); /* the WQE itself could not be read (GPU copy failed) */
 	if (opcode == ST_MLX5_OPCODE_NOP) {
 		f->done = 1;
+		emu_count_wqe(nic, opcode, 0);
+		return EXEC_DONE;
+	}
+	if (opcode == ST_MLX5_OPCODE_DUMP) {
+		/* DUMP (ref §1.9): ctrl + one data segment; the NIC reads the local
+		 * bytes (NVSHMEM's consistency operation: the read flushes earlier
+		 * writes into that memory) and completes locally */
+		if (ds < 2)
+			REFUSE("DUMP without a data segment");
+		const struct st_mlx5_wqe_data_seg *d = (const void *)(w + 16);
+		uint32_t len = be32toh(d->byte_count) & 0x7fffffff, lkey = be32toh(d->lkey);
+		uint64_t addr = be64toh(d->addr);
+		uint8_t sink[64];
+		if (emu_check_local(nic, lkey, addr, len, 0) || emu_dma_read(sink, addr, len < 64 ? len : 64))
+			FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
+		f->byte_len = len;
+		f->done = 1;
+		emu_count_wqe(nic, opcode, len);
 		return EXEC_DONE;
 	}
 	if (qp->qp_type == IBV_QPT_UD)
 		return exec_ud(nic, qp, f, w, ds, opcode, &ctrl);
-	if (!qp->peer || qp->peer->dead) {
-		if (!qp->peer)
-			emu_resolve_peer(qp);
-		if (!qp->peer || qp->peer->dead)
-			FAIL(ST_MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
-	}
 	uint32_t off = 16;
 	struct emu_pkt h;
 	memset(&h, 0, sizeof h);
-	h.dst_qpn = qp->dest_qpn;
+	if (qp->qp_type == EMU_QPT_DCI) {
+		/* DC: every WQE names its target (address vector after ctrl) */
+		struct emu_node *n = NULL;
+		uint32_t avlen = dci_address(nic, qp, w, ds, &h, &n);
+		if (!avlen)
+			REFUSE("DCI WQE without an address vector");
+		if (!n || n->dead)
+			FAIL(ST_MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
+		qp->peer = n;
+		off += avlen;
+	} else {
+		if (!qp->peer || qp->peer->dead) {
+			if (!qp->peer)
+				emu_resolve_peer(qp);
+			if (!qp->peer || qp->peer->dead)
+				FAIL(ST_MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
+		}
+		h.dst_qpn = qp->dest_qpn;
+	}
 	h.src_qpn = qp->qpn;
 	h.src_lid = nic->lid;
 	h.seq = f->seq = qp->next_seq++;
@@ -334,8 +456,10 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 	case ST_MLX5_OPCODE_RDMA_READ:
 	case ST_MLX5_OPCODE_ATOMIC_CS:
 	case ST_MLX5_OPCODE_ATOMIC_FA:
+	case ST_MLX5_OPCODE_ATOMIC_MASKED_CS:
+	case ST_MLX5_OPCODE_ATOMIC_MASKED_FA:
 		if (off + 16 > ds * 16)
-			FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+			REFUSE("no remote address segment within DS");
 		ra = (const struct st_mlx5_wqe_raddr_seg *)(w + off);
 		off += 16;
 		h.raddr = be64toh(ra->raddr);
@@ -346,30 +470,36 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 	case ST_MLX5_OPCODE_SEND_INVAL:
 		break;
 	default:
-		(void)opmod;
-		FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+		REFUSE("opcode not executed by the emulated HCA");
 	}
 
-	if (opcode == ST_MLX5_OPCODE_ATOMIC_CS || opcode == ST_MLX5_OPCODE_ATOMIC_FA) {
-		if (off + 32 > ds * 16)
-			FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
-		const struct st_mlx5_wqe_atomic_seg *as = (const void *)(w + off);
-		off += 16;
-		const struct st_mlx5_wqe_data_seg *d = (const void *)(w + off);
-		h.swap_add = be64toh(as->swap_add);
-		h.compare = be64toh(as->compare);
-		uint32_t len = be32toh(d->byte_count), lkey = be32toh(d->lkey);
+	if (opcode == ST_MLX5_OPCODE_ATOMIC_CS || opcode == ST_MLX5_OPCODE_ATOMIC_FA ||
+	    opcode == ST_MLX5_OPCODE_ATOMIC_MASKED_CS || opcode == ST_MLX5_OPCODE_ATOMIC_MASKED_FA) {
+		/* 8-byte IB atomics, or masked/extended ones of 4 or 8 bytes (amo.c) */
+		struct emu_amo amo;
+		const struct st_mlx5_wqe_data_seg *d;
+		if (emu_amo_parse(w, off, ds, opcode, opmod, &amo, &d))
+			REFUSE(opcode >= ST_MLX5_OPCODE_ATOMIC_MASKED_CS ? "masked atomic needs opmod 0x08 (4 B) or 0x09 (8 B) "
+									  "and its segments within DS"
+									: "atomic segments past DS");
+		h.swap_add = amo.a;
+		h.compare = amo.b;
+		h.mask_a = amo.am;
+		h.mask_b = amo.bm;
+		h.opmod = amo.opmod;
+		h.asize = amo.size;
+		uint32_t len = be32toh(d->byte_count) & 0x7fffffff, lkey = be32toh(d->lkey);
 		uint64_t addr = be64toh(d->addr);
-		if (len < 8 || emu_check_local(nic, lkey, addr, 8, 1))
+		if (len < amo.size || emu_check_local(nic, lkey, addr, amo.size, 1))
 			FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
 		f->nsge = 1;
 		f->sge[0].addr = addr;
-		f->sge[0].len = 8;
+		f->sge[0].len = amo.size;
 		f->sge[0].lkey = lkey;
 		h.type = PKT_ATOMIC_REQ;
 		h.flags = PF_FIRST | PF_LAST;
-		h.total = 8;
-		emu_count_wqe(nic, opcode, 8);
+		h.total = amo.size;
+		emu_count_wqe(nic, opcode, amo.size);
 		emu_node_send(qp->peer, &h, NULL, 0, 0);
 		return EXEC_DONE;
 	}
@@ -454,6 +584,7 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 		o += n;
 	} while (o < total);
 	return EXEC_DONE;
+#undef REFUSE
 #undef FAIL
 }
 
@@ -498,7 +629,12 @@ void emu_requester_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu_p
 				emu_drain_inflight(qp);
 				return;
 			}
-			memcpy((uint8_t *)(uintptr_t)(f->sge[i].addr + off), src, n);
+			if (emu_dma_write(f->sge[i].addr + off, src, n)) {
+				f->done = 1;
+				f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR;
+				emu_drain_inflight(qp);
+				return;
+			}
 			src += n;
 			len -= n;
 			off = 0;
@@ -510,10 +646,16 @@ void emu_requester_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu_p
 		break;
 	}
 	case PKT_ATOMIC_RESP:
-		if (f->nsge && !emu_check_local(nic, f->sge[0].lkey, f->sge[0].addr, 8, 1))
-			memcpy((void *)(uintptr_t)f->sge[0].addr, &p->swap_add, 8);
+		/* the original value: 8-byte results in host order (atomic_req_8B_endianness_mode 1), 4-byte ones
+		 * big-endian, as NVSHMEM reads them (amo.c) */
+		if (f->nsge && !emu_check_local(nic, f->sge[0].lkey, f->sge[0].addr, f->sge[0].len, 1)) {
+			uint32_t v4 = htobe32((uint32_t)p->swap_add);
+			const void *res = f->sge[0].len == 4 ? (const void *)&v4 : (const void *)&p->swap_add;
+			if (emu_dma_write(f->sge[0].addr, res, f->sge[0].len))
+				f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR;
+		}
 		f->done = 1;
-		f->byte_len = 8;
+		f->byte_len = f->nsge ? f->sge[0].len : 8;
 		break;
 	}
 	emu_drain_inflight(qp);

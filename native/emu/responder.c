@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "emu_internal.h"
+#include "emu_prm.h"
 
 /* Drop the requests still queued for a QP (destroy, error flush, reset). */
 void emu_free_pending(struct emu_qp *qp)
@@ -74,7 +75,7 @@ static int take_recv(struct emu_qp *qp, uint32_t *wqe, int *from_srq)
 	}
 	if (!qp->rq_wqe_cnt)
 		return -1;
-	uint32_t prod = be32toh(qp->dbrec[ST_MLX5_RCV_DBR]) & 0xffff;
+	uint32_t prod = emu_dma_load_be32(&qp->dbrec[ST_MLX5_RCV_DBR]) & 0xffff;
 	if ((uint16_t)(prod - qp->rq_ci) == 0)
 		return -1;
 	*wqe = qp->rq_ci++;
@@ -87,15 +88,20 @@ static int take_recv(struct emu_qp *qp, uint32_t *wqe, int *from_srq)
 static int scatter_recv(struct emu_nic *nic, struct emu_qp *qp, uint32_t wqe, int from_srq,
 			uint32_t off, const uint8_t *src, uint32_t len, uint32_t total)
 {
-	const uint8_t *wq;
+	const uint8_t *ring;
 	uint32_t nseg;
 	if (from_srq) { /* SRQ WQE: next segment, then data segments */
-		wq = qp->srq->buf + (size_t)(wqe & (qp->srq->wqe_cnt - 1)) * qp->srq->stride + 16;
+		ring = qp->srq->buf + (size_t)(wqe & (qp->srq->wqe_cnt - 1)) * qp->srq->stride + 16;
 		nseg = (qp->srq->stride - 16) / 16;
 	} else {
-		wq = qp->rq_buf + (size_t)(wqe & (qp->rq_wqe_cnt - 1)) * qp->rq_stride;
+		ring = qp->rq_buf + (size_t)(wqe & (qp->rq_wqe_cnt - 1)) * qp->rq_stride;
 		nseg = qp->rq_stride / 16;
 	}
+	uint8_t wq[16 * EMU_MAX_SGE];
+	if (nseg > EMU_MAX_SGE)
+		nseg = EMU_MAX_SGE;
+	if (emu_dma_read(wq, (uint64_t)(uintptr_t)ring, 16 * nseg)) /* the ring may be GPU memory (dma.c) */
+		return ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR;
 	uint64_t cap = 0;
 	for (uint32_t i = 0; i < nseg; i++) {
 		const struct st_mlx5_wqe_data_seg *d = (const void *)(wq + 16 * i);
@@ -118,9 +124,8 @@ static int scatter_recv(struct emu_nic *nic, struct emu_qp *qp, uint32_t wqe, in
 		if (n > len)
 			n = len;
 		uint64_t addr = be64toh(d->addr) + off;
-		if (emu_check_local(nic, lkey, addr, n, 1))
+		if (emu_check_local(nic, lkey, addr, n, 1) || emu_dma_write(addr, src, n))
 			return ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR;
-		memcpy((void *)(uintptr_t)addr, src, n);
 		src += n;
 		len -= n;
 		off = 0;
@@ -170,14 +175,14 @@ static int responder_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu
 				if (take_recv(qp, &wqe, &srq))
 					return 1;
 				if (p->len)
-					memcpy((void *)(uintptr_t)p->raddr, p->payload, p->len);
+					emu_dma_write(p->raddr, p->payload, p->len);
 				struct emu_pkt tmp = *p;
 				cqe_resp(qp, ST_MLX5_CQE_RESP_WR_IMM, wqe, srq, &tmp);
 				respond(nic, p, PKT_ACK, 0, qp->qpn);
 				return 0;
 			}
 			if (p->len)
-				memcpy((void *)(uintptr_t)p->raddr, p->payload, p->len);
+				emu_dma_write(p->raddr, p->payload, p->len);
 			if (p->flags & PF_LAST)
 				respond(nic, p, PKT_ACK, 0, qp->qpn);
 			return 0;
@@ -234,17 +239,29 @@ static int responder_rx(struct emu_nic *nic, struct emu_qp *qp, const struct emu
 		return 0;
 	}
 	case PKT_ATOMIC_REQ: {
-		if ((p->raddr & 7) || check_remote(nic, qp, p->rkey, p->raddr, 8, IBV_ACCESS_REMOTE_ATOMIC)) {
-			respond(nic, p, PKT_NAK, (p->raddr & 7) ? ST_MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR :
-				ST_MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR, qp->qpn);
+		/* 8-byte IB atomics and the masked/extended ones (amo.c).  An operand
+		 * not aligned to its size is an invalid request, and so are 4-byte or
+		 * masked atomics on a DevX QP whose atomic_mode (RST2INIT) does not
+		 * allow them (UP_TO_8B, NVSHMEM's IBGDA_MLX5_QPC_ATOMIC_MODE_UP_TO_64BIT) */
+		struct emu_amo amo = { .op = p->op, .opmod = p->opmod, .size = p->asize ? p->asize : 8, .a = p->swap_add,
+				       .b = p->compare, .am = p->mask_a, .bm = p->mask_b };
+		int ext = amo.size == 4 || amo.op == ST_MLX5_OPCODE_ATOMIC_MASKED_CS || amo.op == ST_MLX5_OPCODE_ATOMIC_MASKED_FA;
+		int bad_mode = ext && qp->devx && qp->atomic_mode < EMU_QPC_ATOMIC_MODE_UP_TO_8B;
+		if ((p->raddr & (amo.size - 1)) || bad_mode) {
+			nic->stats->atomic_refused++;
+			EMU_ERR("atomic ERROR: qpn 0x%x %u-byte op 0x%02x at 0x%llx refused (%s)", qp->qpn, amo.size, amo.op,
+				(unsigned long long)p->raddr, bad_mode ? "QP atomic_mode does not allow it" : "misaligned");
+			respond(nic, p, PKT_NAK, ST_MLX5_CQE_SYNDROME_REMOTE_INVAL_REQ_ERR, qp->qpn);
 			return 0;
 		}
-		uint64_t *t = (uint64_t *)(uintptr_t)p->raddr, orig;
-		if (p->op == ST_MLX5_OPCODE_ATOMIC_FA) {
-			orig = __atomic_fetch_add(t, p->swap_add, __ATOMIC_SEQ_CST);
-		} else {
-			orig = p->compare;
-			__atomic_compare_exchange_n(t, &orig, p->swap_add, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+		if (check_remote(nic, qp, p->rkey, p->raddr, amo.size, IBV_ACCESS_REMOTE_ATOMIC)) {
+			respond(nic, p, PKT_NAK, ST_MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR, qp->qpn);
+			return 0;
+		}
+		uint64_t orig = 0;
+		if (emu_amo_apply(&amo, p->raddr, &orig)) {
+			respond(nic, p, PKT_NAK, ST_MLX5_CQE_SYNDROME_REMOTE_OP_ERR, qp->qpn);
+			return 0;
 		}
 		struct emu_node *n = emu_node_by_lid(nic, p->src_lid);
 		struct emu_pkt h;
@@ -348,11 +365,22 @@ void emu_inbox_dispatch(struct emu_nic *nic, const struct emu_pkt *p)
 			emu_requester_rx(nic, qp, p);
 		return;
 	}
-	if (!qp || qp->state == IBV_QPS_ERR || qp->state == IBV_QPS_RESET) {
+	if (!qp || qp->state == IBV_QPS_ERR || qp->state == IBV_QPS_RESET || (p->dc && qp->qp_type != EMU_QPT_DCT) ||
+	    (!p->dc && qp->qp_type == EMU_QPT_DCT)) {
 		/* a real fabric drops these and the requester times out: report the
 		 * timeout outcome at once */
 		if (p->flags & PF_LAST || p->type == PKT_READ_REQ || p->type == PKT_ATOMIC_REQ)
 			respond(nic, p, PKT_NAK, ST_MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR, p->dst_qpn);
+		return;
+	}
+	if (p->dc && p->dc_key != qp->dc_key) {
+		/* a DC request with the wrong access key: the DCT counts a key
+		 * violation and the initiator sees an access error */
+		nic->stats->dc_key_violations++;
+		EMU_ERR("DC ERROR: DCT 0x%x got access key 0x%llx (its key is 0x%llx)", qp->qpn,
+			(unsigned long long)p->dc_key, (unsigned long long)qp->dc_key);
+		if (p->flags & PF_LAST || p->type == PKT_READ_REQ || p->type == PKT_ATOMIC_REQ)
+			respond(nic, p, PKT_NAK, ST_MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR, p->dst_qpn);
 		return;
 	}
 	if (qp->pend || !qp_accepts(qp)) {
@@ -399,7 +427,7 @@ void emu_flush_rq(struct emu_qp *qp)
 {
 	if (qp->srq || !qp->rq_wqe_cnt || !qp->dbrec)
 		return;
-	uint32_t prod = be32toh(qp->dbrec[ST_MLX5_RCV_DBR]) & 0xffff;
+	uint32_t prod = emu_dma_load_be32(&qp->dbrec[ST_MLX5_RCV_DBR]) & 0xffff;
 	while ((uint16_t)(prod - qp->rq_ci) != 0) {
 		emu_cqe_err(qp->rcq, qp, 1, (uint16_t)qp->rq_ci, 0, ST_MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
 		qp->rq_ci++;

@@ -26,14 +26,34 @@ static struct ibv_srq *srq_create(struct ibv_context *c, struct ibv_pd *pd, stru
 	s->wqe_cnt = roundup_pow2(a->attr.max_wr + 1);
 	s->stride = roundup_pow2(16 + (a->attr.max_sge ? a->attr.max_sge : 1) * 16);
 	s->max_sge = (s->stride - 16) / 16;
-	s->buf = aligned_alloc(4096, ((size_t)s->wqe_cnt * s->stride + 4095) & ~(size_t)4095);
+	/* on a parent domain with allocators: the application's ring and doorbell record (pd.c) */
+	int from_pd = pd && emu_pd_of(pd) != (struct emu_pd *)pd;
+	size_t bytes = (size_t)s->wqe_cnt * s->stride;
+	if (from_pd) {
+		if (emu_buf_alloc(&s->sbuf, pd, bytes, 4096, MLX5DV_RES_TYPE_SRQ) ||
+		    emu_buf_alloc(&s->dbuf, pd, ST_MLX5_DBR_SIZE, 8, MLX5DV_RES_TYPE_DBR)) {
+			emu_buf_free(&s->sbuf);
+			free(s);
+			errno = ENOMEM;
+			return NULL;
+		}
+		s->buf = s->sbuf.ptr;
+	} else {
+		s->buf = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+	}
 	s->wrid = calloc(s->wqe_cnt, sizeof(uint64_t));
 	if (!s->buf || !s->wrid) {
-		free(s->buf); free(s->wrid); free(s);
+		if (from_pd) {
+			emu_buf_free(&s->sbuf);
+			emu_buf_free(&s->dbuf);
+		} else {
+			free(s->buf);
+		}
+		free(s->wrid); free(s);
 		errno = ENOMEM;
 		return NULL;
 	}
-	s->dbrec = (volatile uint32_t *)s->dbr_storage;
+	s->dbrec = (volatile uint32_t *)(from_pd ? s->dbuf.ptr : s->dbr_storage);
 	memset(s->buf, 0, (size_t)s->wqe_cnt * s->stride);
 	for (uint32_t w = 0; w < s->wqe_cnt; w++) { /* the free list: 0 -> 1 -> ... -> cnt-1 */
 		uint16_t next = htobe16((uint16_t)((w + 1) & (s->wqe_cnt - 1)));
@@ -46,8 +66,17 @@ static struct ibv_srq *srq_create(struct ibv_context *c, struct ibv_pd *pd, stru
 	pthread_mutex_lock(&nic->lock);
 	uint32_t i = EMU_FREE_SLOT(g_srqs, 256);
 	if (i == 256) {
-		free(s->buf); free(s->wrid);
-		return emu_table_full(nic, s);
+		pthread_mutex_unlock(&nic->lock);
+		if (from_pd) {
+			emu_buf_free(&s->sbuf);
+			emu_buf_free(&s->dbuf);
+		} else {
+			free(s->buf);
+		}
+		free(s->wrid);
+		free(s);
+		errno = ENOMEM;
+		return NULL;
 	}
 	g_srqs[i] = s;
 	s->srqn = i;
@@ -88,7 +117,12 @@ EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
 	pthread_mutex_lock(&nic->lock);
 	g_srqs[s->srqn] = NULL;
 	pthread_mutex_unlock(&nic->lock);
-	free(s->buf);
+	if (s->sbuf.ptr || s->dbuf.ptr) {
+		emu_buf_free(&s->sbuf);
+		emu_buf_free(&s->dbuf);
+	} else {
+		free(s->buf);
+	}
 	free(s->wrid);
 	free(s);
 	return 0;

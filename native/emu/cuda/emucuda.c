@@ -96,6 +96,8 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
 	case 91: *v = 0; break;                   /* CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: no */
 	case 99: *v = 1; break;                   /* HOST_REGISTER_SUPPORTED */
 	case 116: *v = 1; break;                  /* GPU_DIRECT_RDMA_SUPPORTED */
+	case 118: *v = 100; break;                /* GPU_DIRECT_RDMA_WRITES_ORDERING: TO_OWNER, as an H200 */
+	case 124: *v = 1; break;                  /* DMA_BUF_SUPPORTED */
 	default: *v = 0; break;
 	}
 	return CUDA_SUCCESS;
@@ -283,6 +285,7 @@ static const struct proc procs[] = {
 	PROC(cuMemHostGetFlags, 2030),
 	PROC(cuPointerGetAttribute, 4000),
 	PROC(cuPointerGetAttributes, 7000),
+	PROC(cuMemGetHandleForAddressRange, 11070),
 	PROC(cuGetErrorString, 6000),
 	PROC(cuGetErrorName, 6000),
 	PROC(cuGetExportTable, 3000),

@@ -90,6 +90,7 @@ CUresult cuMemHostGetDevicePointer(unsigned *dp, void *p, unsigned flags);
 CUresult cuMemHostGetFlags(unsigned *f, void *p);
 CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr);
 CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdeviceptr ptr);
+CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size, int type, unsigned long long flags);
 
 /* ---- stream.c --------------------------------------------------------------- */
 CUresult cuStreamCreate(CUstream *ps, unsigned flags);

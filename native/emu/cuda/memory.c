@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "emucuda_internal.h"
 
@@ -16,7 +17,7 @@ struct map {
 	uint64_t size;      /* bytes mapped (page multiple) */
 	int kind;
 	unsigned flags;     /* register flags */
-	uintptr_t host_pg;  /* HOSTREG: host address behind dva */
+	uintptr_t host_pg;  /* HOSTREG: host address behind dva; DEV in opaque mode: the backing pages */
 	uintptr_t reg_ptr;  /* HOSTREG: registered range as given */
 	uint64_t reg_size;
 	int device;
@@ -31,6 +32,17 @@ static uint64_t window_next;
 static uint64_t next_buffer_id = 1;
 
 static uint64_t hostmapped_stores;
+/* EMUCUDA_DEVMEM=opaque: device memory is not mapped for the CPU at its
+ * device address (the window stays PROT_NONE), like cudaMalloc memory on a
+ * real GPU: only the MMU path (emucu_*, the copy engine) reaches it, so a
+ * third party (the emulated NIC) that dereferences a device pointer faults
+ * instead of working by accident.  Default: mapped (GPUDirect-style peer
+ * access by address, what the hijack tests use). */
+static int devmem_opaque;
+/* EMUCUDA_STRICT_IOMEMORY=1: cuMemHostRegister with IOMEMORY fails with
+ * CUDA_ERROR_INVALID_VALUE, as the real driver does for ordinary RAM (an
+ * H200, reference real-libraries.md): every page here is RAM. */
+static int strict_iomemory;
 
 static void init_fn(void)
 {
@@ -40,6 +52,10 @@ static void init_fn(void)
 		abort();
 	}
 	window_next = 1ull << 21; /* keep the first 2 MiB unused: no device pointer is near 0 */
+	const char *dm = getenv("EMUCUDA_DEVMEM");
+	devmem_opaque = dm && !strcmp(dm, "opaque");
+	const char *si = getenv("EMUCUDA_STRICT_IOMEMORY");
+	strict_iomemory = si && *si && *si != '0';
 	const char *n = getenv("EMUCUDA_DEVICES");
 	if (n && atoi(n) > 0 && atoi(n) <= 8)
 		device_count = atoi(n);
@@ -87,7 +103,7 @@ static void *xlate_locked(uint64_t d, uint64_t len, int *hostmapped)
 		return NULL;
 	if (hostmapped)
 		*hostmapped = m->kind == MAP_HOSTREG;
-	if (m->kind == MAP_DEV)
+	if (m->kind == MAP_DEV && !m->host_pg)
 		return (void *)(uintptr_t)d;
 	return (void *)(m->host_pg + (d - m->dva));
 }
@@ -186,12 +202,17 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dp, size_t size)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	uint64_t d = va_alloc(sz);
-	if (!d || mprotect((void *)(uintptr_t)d, sz, PROT_READ | PROT_WRITE) != 0) {
+	uintptr_t backing = 0;
+	if (d && devmem_opaque) { /* the window stays PROT_NONE; the bytes live elsewhere */
+		void *b = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		backing = b == MAP_FAILED ? 0 : (uintptr_t)b;
+	}
+	if (!d || (devmem_opaque ? !backing : mprotect((void *)(uintptr_t)d, sz, PROT_READ | PROT_WRITE) != 0)) {
 		pthread_rwlock_unlock(&pt_lock);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	maps[nmaps++] = (struct map){.dva = d, .size = sz, .kind = MAP_DEV, .device = current_ctx->device,
-				     .buffer_id = next_buffer_id++};
+	maps[nmaps++] = (struct map){.dva = d, .size = sz, .kind = MAP_DEV, .host_pg = backing,
+				     .device = current_ctx->device, .buffer_id = next_buffer_id++};
 	pthread_rwlock_unlock(&pt_lock);
 	*dp = d;
 	return CUDA_SUCCESS;
@@ -211,8 +232,12 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr d)
 	pthread_rwlock_wrlock(&pt_lock);
 	for (int i = 0; i < nmaps; i++)
 		if (maps[i].kind == MAP_DEV && maps[i].dva == d) {
-			madvise((void *)(uintptr_t)d, maps[i].size, MADV_DONTNEED);
-			mprotect((void *)(uintptr_t)d, maps[i].size, PROT_NONE);
+			if (maps[i].host_pg) {
+				munmap((void *)maps[i].host_pg, maps[i].size);
+			} else {
+				madvise((void *)(uintptr_t)d, maps[i].size, MADV_DONTNEED);
+				mprotect((void *)(uintptr_t)d, maps[i].size, PROT_NONE);
+			}
 			map_remove(i);
 			pthread_rwlock_unlock(&pt_lock);
 			return CUDA_SUCCESS;
@@ -237,6 +262,8 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags)
 	NEED_CTX();
 	if (!p || !size || (flags & ~0x0fu))
 		return CUDA_ERROR_INVALID_VALUE;
+	if ((flags & CU_MEMHOSTREGISTER_IOMEMORY) && strict_iomemory)
+		return CUDA_ERROR_INVALID_VALUE; /* not I/O memory (EMUCUDA_STRICT_IOMEMORY) */
 	uintptr_t start = (uintptr_t)p & ~(uintptr_t)(PAGE - 1);
 	uint64_t sz = (((uintptr_t)p + size + PAGE - 1) & ~(uintptr_t)(PAGE - 1)) - start;
 	pthread_rwlock_wrlock(&pt_lock);
@@ -386,5 +413,35 @@ EXPORT CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUde
 		}
 	}
 	pthread_rwlock_unlock(&pt_lock);
+	return CUDA_SUCCESS;
+}
+
+/* ---- dma-buf export ------------------------------------------------------------------ */
+/* cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD): an fd
+ * standing for [dptr, dptr + size) of one allocation (page-aligned, as the
+ * driver requires).  The fd is a memfd of that size that does NOT alias the
+ * memory -- as on an H200, where the dma-buf cannot be mmap'ed by the CPU
+ * (errno 524) -- so an importer must reach the memory by its device address
+ * (the emulated NIC does, dma.c). */
+EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size, int type,
+					      unsigned long long flags)
+{
+	NEED_CTX();
+	if (!handle || !size || type != 1 /* DMA_BUF_FD */ || flags > 1 || (dptr & (PAGE - 1)) || (size & (PAGE - 1)))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_rwlock_rdlock(&pt_lock);
+	struct map *m = find_dev(dptr, size);
+	int ok = m && m->kind == MAP_DEV;
+	pthread_rwlock_unlock(&pt_lock);
+	if (!ok)
+		return CUDA_ERROR_INVALID_VALUE;
+	int fd = memfd_create("emucuda-dmabuf", MFD_CLOEXEC);
+	if (fd < 0)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (ftruncate(fd, (off_t)size) != 0) {
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*(int *)handle = fd;
 	return CUDA_SUCCESS;
 }
