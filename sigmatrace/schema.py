@@ -88,8 +88,9 @@ TABLES = (
           'remote_rank int64, remote_gpu int64, comm int64, comm_rule string',
           notes={'kind': 'verbs/devx/implicit', 'resolved_by': 'gid/lid/mutual-qpn/unresolved',
                  'comm': 'the NCCL communicator it belongs to (communicators.comm), -1: none',
-                 'comm_rule': "how: call (created inside one communicator's call) / nccl-thread (by an NCCL "
-                              "thread, the process's only communicator) / empty"}),
+                 'comm_rule': "how: call (created inside one communicator's call) / comm-thread (by a thread "
+                              "of that communicator) / nccl-thread (by a thread named NCCL*, the process's only "
+                              "communicator) / empty"}),
     table('events', 'primary trace record (process order, file order inside a process; one row group per decode batch; directory of parts)',
           'process int32, thread int32, tsc uint64, ns int64, type uint16, aux uint16, obj uint32, '
           'arg uint64, type_name string, x0 uint64, x1 uint16, x2 uint32, x3 uint64, node int32',

@@ -18,18 +18,23 @@ all_reduce meets the others' k-th.
 QPs of a communicator.  A QP created while exactly one communicator of its process had a call in progress
 (its ncclCommInit* / ncclCommSplit, one of its collective or point-to-point calls, or the ncclGroupEnd of a
 group holding its calls: NCCL creates its connections inside these, on the calling thread or on its proxy
-service thread while the caller waits) belongs to that communicator (``comm_rule`` "call"); else, when the
-process has exactly one communicator alive and the QP was created by a thread named "NCCL*" (NCCL's own
-threads: a non-blocking init that connects after the call returned), to that one ("nccl-thread"); else
-to none.
+service thread while the caller waits) belongs to that communicator (``comm_rule`` "call"); a QP created
+outside every call by a thread that created QPs of exactly one communicator inside its calls belongs to
+that one while it lives ("comm-thread"); else, when the process has exactly one communicator alive and the
+QP was created by a thread named "NCCL*" (NCCL's own threads, named with NCCL_SET_THREAD_NAME=1: a
+non-blocking init that connects after the call returned), to that one ("nccl-thread"); else to none.
 
 Attribution.  NCCL's proxy executes a communicator's operations in call order.  Per communicator the calls
 form *units* -- one call, or the communicator's calls of one NCCL group -- and the work requests (ops rows:
 work requests, post calls, GPU WQEs) on the communicator's QPs posted from a unit's first call up to the
 next unit's first call are the unit's.  No work of a later unit can come before its call; work of an earlier
 one can (a call made while the previous one was still running, "in flight"): where the trace shows it -- a
-completion of a unit's work request after the next unit's call (full mode) -- the units are merged and their
-work requests attributed to the merged unit.  ``ops.collective_id`` is the call when its unit holds one
+completion of a unit's work request after the next unit's call (full mode), or a unit that moves data on a
+communicator with QPs but posted nothing before the next call -- the units are merged and their work requests
+attributed to the merged unit.  Merging never attributes a work request wrongly, it only attributes it to
+more calls.  The window is exact when each call's work is posted before the communicator's next call (a
+program that waits for each call, as benchmarks do); for calls issued back to back, work that a unit posts
+after the next call without either sign is attributed to the next unit (docs/schema.md).  ``ops.collective_id`` is the call when its unit holds one
 call, else -1; ``ops.collective_unit`` the unit (-1: not attributed).
 """
 from __future__ import annotations
@@ -272,6 +277,7 @@ class Collectives:
                 win.append((p, b, e, c_i))
         w = np.array(win, np.int64).reshape(-1, 4)
         rows = topo.rows()
+        outside = []                                       # QPs created outside every call
         for q, r in enumerate(rows):
             t = int(r["create_tsc"])
             if t <= 0:
@@ -282,10 +288,25 @@ class Collectives:
             if len(cand) == 1:
                 self.qp_comm[q], self.qp_rule[q] = int(cand[0]), "call"
             elif not len(cand):
-                alive = [i for i, c in enumerate(self.comms) if c["process"] == p and c["t0"] <= t < c["end"]]
-                name = thread_names.get((p, int(r.get("create_thread", -1))), "")
-                if len(alive) == 1 and name.startswith("NCCL"):
-                    self.qp_comm[q], self.qp_rule[q] = alive[0], "nccl-thread"
+                outside.append(q)
+        # a thread that created QPs of exactly one communicator inside its calls (NCCL's proxy service thread)
+        # is that communicator's: its other QPs are too, while the communicator lives
+        of_thread = {}
+        for q in np.flatnonzero(self.qp_comm[:nq] >= 0).tolist():
+            key = (int(rows[q]["process"]), int(rows[q].get("create_thread", -1)))
+            of_thread.setdefault(key, set()).add(int(self.qp_comm[q]))
+        for q in outside:
+            r = rows[q]
+            p, t, th = int(r["process"]), int(r["create_tsc"]), int(r.get("create_thread", -1))
+            mine = of_thread.get((p, th), set())
+            if len(mine) == 1:
+                c_i = next(iter(mine))
+                if self.comms[c_i]["t0"] <= t < self.comms[c_i]["end"]:
+                    self.qp_comm[q], self.qp_rule[q] = c_i, "comm-thread"
+                continue
+            alive = [i for i, c in enumerate(self.comms) if c["process"] == p and c["t0"] <= t < c["end"]]
+            if len(alive) == 1 and not mine and thread_names.get((p, th), "").startswith("NCCL"):
+                self.qp_comm[q], self.qp_rule[q] = alive[0], "nccl-thread"
 
     # ---- attribution ---------------------------------------------------------------------------------------
     def attribute(self, ops, op_completion, wc_tsc):
@@ -323,18 +344,26 @@ class Collectives:
             u = np.searchsorted(starts, t, "right") - 1
             keep = (u >= 0) & (t <= c["end"])
             sel, u = sel[keep], u[keep]
-            # in flight: a unit whose work completes after a later unit's call is merged with that one
+            # in flight: a unit whose work completes after the next unit's call, or that moves data but posted
+            # nothing before it (its work came later), is merged with the next one
             mx = np.full(nu, -1, np.int64)
+            n_in = np.zeros(nu, np.int64)
             if len(sel):
                 np.maximum.at(mx, u, c_tsc[sel])
+                n_in = np.bincount(u, minlength=nu)
+            moves = np.zeros(nu, bool)
+            np.logical_or.at(moves, src_unit, (self.count[calls] * DT_SIZE[self.dt[calls] & 0xFF] > 0)
+                             & (c["nranks"] > 1))
+            empty = moves & (n_in == 0) & (self.comm_qps[c_i] > 0)
             merged_id = np.zeros(nu, np.int64)
-            cur, hi = 0, -1
+            cur, hi, pending = 0, -1, False
             for k in range(nu):
-                if k > 0 and not (hi > starts[k]):
+                if k > 0 and not (pending or hi > starts[k]):
                     cur += 1
                     hi = -1
                 merged_id[k] = cur
                 hi = max(hi, int(mx[k]))
+                pending = bool(empty[k])
             base = len(units)
             for m in range(cur + 1):
                 members = calls[merged_id[src_unit] == m]
