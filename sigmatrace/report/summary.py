@@ -132,7 +132,7 @@ def _collectives(con, T):
         out["by_kind"] = _rows(con, run_named_sql("collectives"))
         out["shared_units"] = _rows(con, """
             SELECT unit, any_value(attribution) AS attribution, any_value(rank) AS rank, any_value(comm) AS comm,
-                   string_agg(op, '+' ORDER BY seq) AS ops, count(*) AS calls, sum(bytes) AS bytes,
+                   string_agg(op, '+' ORDER BY collective_id) AS ops, count(*) AS calls, sum(bytes) AS bytes,
                    any_value(wrs) AS wrs, any_value(wire_bytes) AS wire_bytes, any_value(duration_ns) AS duration_ns
             FROM collectives WHERE attribution IN ('group', 'in-flight') GROUP BY unit ORDER BY unit LIMIT 50""")
     if agg.any():
