@@ -90,7 +90,6 @@ class Collectives:
         self.comms = []                       # dicts, in (process, time) order
         by = {}                               # (process, comm obj) -> [instance index], by start time
         splits = {}                           # parent instance -> splits so far
-        init_alls = {}
         n = len(ci["tsc"])
         self.init_inst = np.full(n, -1, np.int64)
         order = np.lexsort((ci["tsc"], ci["process"])) if n else np.zeros(0, np.int64)
@@ -114,7 +113,6 @@ class Collectives:
                 ia = js.get("init_all_index")
                 if ia is not None:
                     key = f"initall:{procs[p].uid:x}:{ia}:{nr}"
-                    init_alls[key] = init_alls.get(key, 0) + 1
             elif js.get("unique_id_hash"):
                 key = f"{js['unique_id_hash']}:{nr}"
             if res not in ACCEPTED or obj == 0:
