@@ -85,8 +85,12 @@ TABLES = (
           'qp_id int64, process int64, node int64, rank int64, gpu int64, qpn int64, nic int64, kind string, '
           'qp_type int64, log_sq_size int64, uar_page int64, remote_qpn int64, rlid int64, rgid string, '
           'remote_qp_id int64, resolved_by string, remote_process int64, remote_node int64, '
-          'remote_rank int64, remote_gpu int64',
-          notes={'kind': 'verbs/devx/implicit', 'resolved_by': 'gid/lid/mutual-qpn/unresolved'}),
+          'remote_rank int64, remote_gpu int64, comm int64, comm_rule string',
+          notes={'kind': 'verbs/devx/implicit', 'resolved_by': 'gid/lid/mutual-qpn/unresolved',
+                 'comm': 'the NCCL communicator it belongs to (communicators.comm), -1: none',
+                 'comm_rule': "how: call (created inside one communicator's call) / comm-thread (by a thread "
+                              "of that communicator) / nccl-thread (by a thread named NCCL*, the process's only "
+                              "communicator) / empty"}),
     table('events', 'primary trace record (process order, file order inside a process; one row group per decode batch; directory of parts)',
           'process int32, thread int32, tsc uint64, ns int64, type uint16, aux uint16, obj uint32, '
           'arg uint64, type_name string, x0 uint64, x1 uint16, x2 uint32, x3 uint64, node int32',
@@ -107,8 +111,11 @@ TABLES = (
           'signaled bool, gpu int64, op_id int64, node int64, rank int64, qpn int64, dst_qp_id int64, '
           'dst_qpn int64, dst_process int64, dst_node int64, dst_rank int64, dst_gpu int64, matched bool, '
           'opcode_name string, source_name string, is_read bool, ns int64, complete_ns int64, '
-          'latency_ns int64?, peer_completion int64, peer_ns int64, completion int64',
-          parts=True, notes={'opcode': 'mlx5 code', 'latency_ns': 'post → own completion, F24a; NULL without a recorded completion', 'peer_ns': 'receive completion on the target'}),
+          'latency_ns int64?, peer_completion int64, peer_ns int64, completion int64, collective_id int64, '
+          'collective_unit int64',
+          parts=True, notes={'opcode': 'mlx5 code', 'latency_ns': 'post → own completion, F24a; NULL without a recorded completion', 'peer_ns': 'receive completion on the target',
+                             'collective_id': 'the NCCL call it was attributed to (collectives.collective_id); -1: not attributed, or attributed to a unit of several calls',
+                             'collective_unit': 'the attribution unit (collectives.unit): one call, or the calls of one NCCL group / calls in flight together; -1: not attributed'}),
     table('completions', 'IBV_WC',
           'completion_id int64, process int64, thread int64, node int64, qp_id int64, qpn int64, '
           'wr_id int64, status int64, wc_opcode int64, byte_len int64, is_recv bool, tsc uint64, ns int64, '
@@ -117,6 +124,38 @@ TABLES = (
     table('flows', 'matched op: target QP or, for UCX / libfabric, target process known (arrow in Perfetto)',
           'flow_id int64, op_id int64, kind string, src_ns int64, dst_ns int64, dst_completion_id int64',
           parts=True, notes={'kind': "send-recv: to the receive completion on the target / op-completion: to the op's own completion / one-sided: no completion recorded (UCX / libfabric operations: their completions are not matched)", 'src_ns': "= the op's ns", 'dst_completion_id': 'the completion that ends the arrow, -1 for one-sided'}, note="QPs, processes, nodes, bytes and opcode are the op's: `flows JOIN ops USING (op_id)`"),
+    table('communicators', 'NCCL communicator (an accepted ncclCommInit* / ncclCommSplit of one process)',
+          'comm int64, process int64, node int64, rank int64, nranks int64, key string, call string, '
+          'init_ns int64, init_duration_ns int64, end_ns int64?, cuda_dev int64, qps int64, calls int64',
+          notes={'rank': 'in the communicator', 'key': 'cross-process key: unique-id hash and size, parent key / '
+                 'split / color, or local:… when none', 'end_ns': 'ncclCommDestroy / ncclCommAbort; NULL: never',
+                 'qps': 'QPs that belong to it (qps.comm)', 'calls': 'executed collective / point-to-point calls'}),
+    table('collectives', 'NCCL collective or point-to-point call (NCCL_COLL), in (process, time) order',
+          'collective_id int64, process int64, thread int64, node int64, rank int64, nranks int64, comm int64, '
+          'comm_key string, op string, count int64, datatype string, bytes int64, redop string, root int64, '
+          'seq int64, instance int64, call_ns int64, call_duration_ns int64, result int64, group int64, unit int64, '
+          'attribution string, wrs int64, wire_bytes int64, first_wr_ns int64?, last_wr_ns int64?, '
+          'last_completion_ns int64?, end_ns int64?, duration_ns int64?, instance_ranks int64, slowest_rank int64, '
+          'last_call_rank int64',
+          notes={'rank': 'in the communicator', 'comm': 'communicators.comm, -1: unknown communicator',
+                 'op': 'all_reduce / broadcast (ncclBroadcast, ncclBcast) / reduce / all_gather / reduce_scatter / '
+                       'all_to_all / gather / scatter / send / recv',
+                 'count': "the call's count (all_gather: sendcount, reduce_scatter: recvcount, all_to_all: per peer)",
+                 'bytes': 'count × datatype size', 'root': 'root, or the peer of send / recv; -1: none',
+                 'seq': "k-th executed collective of the communicator (send / recv: k-th to / from that peer); -1: "
+                        "not executed",
+                 'instance': "the same call on every rank (communicator key + seq), -1: no cross-process key",
+                 'result': 'ncclResult_t (0 success, 7 in progress: executed; others refused)',
+                 'group': 'outermost ncclGroupStart..End of the calling thread, -1: none',
+                 'unit': 'what the work requests are attributed to (ops.collective_unit)',
+                 'attribution': 'window (its own unit) / group (a unit of several calls of one NCCL group) / '
+                                'in-flight (merged: a work request completed after the next call) / no-qps / '
+                                'no-communicator / refused / simulated',
+                 'wrs': "work requests of its unit", 'wire_bytes': "bytes of its unit's work requests",
+                 'end_ns': 'last completion of its unit (full mode), else its last work request',
+                 'duration_ns': 'call → end_ns', 'instance_ranks': 'calls joined in the instance',
+                 'slowest_rank': 'of the instance: the rank whose end_ns is last (-1: an end unknown)',
+                 'last_call_rank': 'of the instance: the rank that called last'}),
     table('barriers', 'barrier instance',
           'barrier int64, series int64, instance int64, participants int64, first_ns int64, last_ns int64, '
           'spread_ns int64, first_participant int64, straggler int64, straggler_rank int64, '

@@ -59,6 +59,10 @@ def _compile(tmp_path, name, sources, extra=(), cc=None):
     return exe
 
 
+# the NCCL event constants of events.h (enum st_nccl_*) and their events.py names without the ST_ prefix
+NCCL_CONSTANTS = tuple("ST_" + n for n in dir(E) if n.startswith("NCCL_") and isinstance(getattr(E, n), int))
+
+
 @needs_cc
 def test_c_layout_matches_python(tmp_path):
     lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "sigmatrace/format.h"',
@@ -73,7 +77,7 @@ def test_c_layout_matches_python(tmp_path):
     lines.append('#define PR(name, value) printf("E %s %llu\\n", #name, (unsigned long long)ST_EV_##name);')
     lines.append("ST_EVENT_LIST(PR)")
     for const in ("ST_UMEM_F_GPU", "ST_UMEM_F_DMABUF", "ST_WQE_LOST_OVERWRITTEN", "ST_WQE_LOST_CORRUPT",
-                  "ST_WQE_LOST_COPY_FAILED", "ST_WQE_LOST_RING_FULL", "ST_WQE_LOST_TRACE_DROPPED"):
+                  "ST_WQE_LOST_COPY_FAILED", "ST_WQE_LOST_RING_FULL", "ST_WQE_LOST_TRACE_DROPPED") + NCCL_CONSTANTS:
         lines.append(f'printf("C {const} %llu\\n", (unsigned long long)({const}));')
     lines.append("return 0; }")
     src = tmp_path / "layout.c"
@@ -107,6 +111,8 @@ def test_c_layout_matches_python(tmp_path):
     assert consts["ST_WQE_LOST_CORRUPT"] == E.WQE_LOST_CORRUPT
     assert consts["ST_WQE_LOST_COPY_FAILED"] == E.WQE_LOST_COPY_FAILED
     assert consts["ST_WQE_LOST_TRACE_DROPPED"] == E.WQE_LOST_TRACE_DROPPED
+    for const in NCCL_CONSTANTS:      # ST_NCCL_COLL_SEND <-> events.NCCL_COLL_SEND
+        assert consts[const] == getattr(E, const[3:]), const
     py_events = {e.name: e.value for e in E.EVENTS}
     assert events == py_events
 

@@ -7,7 +7,10 @@ then under `sigmatrace run` in aggregate, simple and full mode.  Checked: NCCL's
 status unchanged; rank identities from torchrun's variables; per-rank bytes on the wire equal what NCCL's
 ring implies for the sizes used; every work request matched to its peer; the QPs of the two ranks resolved
 to each other; and the trace equals the emulated NIC's own record of the WQEs it executed, opcode for
-opcode (RDMA_WRITE chains, WRITE_WITH_IMM, receives).
+opcode (RDMA_WRITE chains, WRITE_WITH_IMM, receives).  The nccl provider: each rank's NCCL calls per op and
+size are the iterations + warm-up, joined with the other rank's; every work request of NCCL's QPs is
+attributed, each unit's data bytes are the ring volume of its calls, and the report's bytes per call of each
+kind and size are that volume plus the small control writes.
 """
 import json
 import os
@@ -17,6 +20,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sigmatrace import _native
@@ -200,3 +204,109 @@ def test_bytes_matching_topology_and_nic_ground_truth(runs, mode):
     used = set(int(q) for q in ops["qp_id"][ops["qp_id"] >= 0])
     assert used and all(int(qps["remote_qp_id"][q]) >= 0 for q in used), "a used QP without its remote"
     print("NCCL_REPORT " + json.dumps(report))
+
+
+# ---------------------------------------------------------------------------
+# the nccl provider: NCCL's calls recorded, joined, and linked to their work requests (docs/schema.md)
+
+BENCH_MIN = 64 << 10      # the benchmark's collectives (>= 64 KiB); smaller ones are torch's own (barrier)
+
+
+def expected_calls(op, size, rank, world):
+    """{(NCCL op, bytes of the call): calls per iteration} for one torch.distributed op of size S on `rank`;
+    all_to_all: NCCL 2.28's ncclAlltoAll, or (torch without it) a group of a send and a receive per rank."""
+    part = size // world
+    return {"all_reduce": [{("all_reduce", size): 1}], "all_gather": [{("all_gather", part): 1}],
+            "reduce_scatter": [{("reduce_scatter", part): 1}], "broadcast": [{("broadcast", size): 1}],
+            "send_recv": [{("send", size): 1} if rank == 0 else {("recv", size): 1}],
+            "all_to_all": [{("all_to_all", part): 1}, {("send", part): world, ("recv", part): world}]}[op]
+
+
+def nccl_ring_bytes(op, nbytes, rank, peer, world):
+    """Bytes rank `rank` sends over the network for one NCCL call of `nbytes` (the call's count x size)."""
+    if op == "all_reduce":
+        return 2 * (nbytes * (world - 1) // world)
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return nbytes * (world - 1)
+    if op == "broadcast":
+        return nbytes if rank < world - 1 else 0
+    if op == "send":
+        return nbytes if peer != rank else 0
+    return 0                                                  # recv: only clear-to-send control writes
+
+
+@pytest.fixture(scope="module")
+def correlated(runs):
+    from sigmatrace.correlate import correlate
+    return {m: correlate(runs[m][2], workers=2) for m in ("simple", "full")}
+
+
+@pytest.mark.parametrize("mode", ["simple", "full"])
+def test_nccl_calls_recorded_per_op_and_size(runs, correlated, mode):
+    """Each rank's NCCL calls of the benchmark sizes: iterations + warm-up of every op, per op and size."""
+    _, _, _, run_dir = runs[mode]
+    rows, _ = ground_truth(run_dir)
+    C = correlated[mode].tables["collectives"]
+    P = correlated[mode].tables["processes"]
+    report = {}
+    for i, prank in enumerate(P["rank"]):
+        if prank < 0:
+            continue
+        mine = (C["process"] == i) & (C["seq"] >= 0) & (C["bytes"] >= BENCH_MIN)
+        got = Counter(zip(C["op"][mine].tolist(), C["bytes"][mine].tolist()))
+        report[f"rank{prank}"] = {f"{k[0]}:{k[1]}": v for k, v in sorted(got.items())}
+        want = Counter()
+        for r in rows:
+            if r["rank"] != prank:
+                continue
+            n = r["iters"] + r["warmup"]
+            alts = expected_calls(r["op"], r["bytes"], int(prank), r["world"])
+            pick = next((a for a in alts if all(got.get(k, 0) >= v * n for k, v in a.items())), alts[0])
+            for k, v in pick.items():
+                want[k] += v * n
+        assert got == want, ("NCCL calls per (op, bytes)", report, dict(want))
+        assert (C["result"][(C["process"] == i)] == 0).sum() >= sum(want.values())
+    keys = Counter(correlated[mode].tables["communicators"]["key"].tolist())
+    assert keys and all(v == 2 for v in keys.values()), ("every communicator joined on both ranks", keys)
+    ex = (C["seq"] >= 0) & (C["bytes"] >= BENCH_MIN)
+    assert (C["instance_ranks"][ex] == 2).all(), "a call not joined with its partner (the other rank's, or for a " \
+        "send to itself its own receive)"
+    print("NCCL_CALLS " + json.dumps(report))
+
+
+@pytest.mark.parametrize("mode", ["simple", "full"])
+def test_nccl_work_requests_attributed_with_ring_bytes(runs, correlated, mode, tmp_path):
+    """Every work request of NCCL's QPs is attributed to a call (or a group / calls in flight), and each
+    unit's data bytes (writes > CONTROL_MAX) are the ring volume of its calls; the report's bytes per call
+    of each benchmark size are the ring volume plus the small control writes."""
+    corr = correlated[mode]
+    C, O, Q = corr.tables["collectives"], corr.tables["ops"], corr.tables["qps"]
+    used = np.unique(O["qp_id"][O["qp_id"] >= 0])
+    assert len(used) and (Q["comm"][used] >= 0).all(), ("QPs without a communicator",
+                                                         Counter(Q["comm_rule"][used].tolist()))
+    assert (O["collective_unit"] >= 0).all(), ("work requests not attributed", int((O["collective_unit"] < 0).sum()))
+    units = np.unique(C["unit"][C["unit"] >= 0])
+    u_data = np.bincount(O["collective_unit"], weights=np.where(O["bytes"] > CONTROL_MAX, O["bytes"], 0),
+                         minlength=int(units.max()) + 1 if len(units) else 0)
+    checked, report = 0, Counter()
+    for u in units:
+        m = np.flatnonzero(C["unit"] == u)
+        if (C["bytes"][m] < BENCH_MIN).any():
+            continue
+        want = sum(nccl_ring_bytes(C["op"][i], int(C["bytes"][i]), int(C["rank"][i]), int(C["root"][i]),
+                                   int(C["nranks"][i])) for i in m)
+        assert int(u_data[u]) == want, ([(C["op"][i], int(C["bytes"][i]), C["attribution"][i]) for i in m],
+                                        int(u_data[u]), want)
+        report[str(C["attribution"][m[0]])] += 1
+        checked += 1
+    assert checked > 0
+    from sigmatrace.report import build_report
+    _, summary, _ = build_report(runs[mode][2], tmp_path / "rep", workers=2, figures=False, perfetto=False,
+                                 quiet=True)
+    for r in summary["collectives"]["by_kind"]:
+        if r["bytes"] < BENCH_MIN or not r["attributed"]:
+            continue
+        ranks = C["rank"][(C["op"] == r["op"]) & (C["bytes"] == r["bytes"]) & (C["attribution"] == "window")]
+        ring = np.mean([nccl_ring_bytes(r["op"], r["bytes"], int(k), (int(k) + 1) % 2, 2) for k in ranks])
+        assert ring <= r["wire_bytes_per_call"] <= ring + 64 * 1024, (r, ring)
+    print("NCCL_ATTRIBUTION " + json.dumps(dict(mode=mode, units=checked, **report)))

@@ -216,7 +216,7 @@ def test_bad_configuration_warns_and_uses_defaults(tmp_path, bins):
     opts = p.header["options"]
     assert p.header["mode"] == "simple" and opts["buffer_kb"] == 64 and opts["chunks"] == 64
     assert opts["drop_policy"] == "drop" and opts["flush_ms"] == 100
-    assert p.header["providers"] == ["ibv", "mlx5", "cuda", "ucx", "ofi"]
+    assert p.header["providers"] == ["ibv", "mlx5", "cuda", "ucx", "ofi", "nccl"]
 
 
 def _run_cli(args, **kw):

@@ -196,7 +196,8 @@ def collect():
 # provider -> (library it traces, the Debian package whose headers the build needs)
 PROVIDER_NEEDS = {"ibv": ("libibverbs", "libibverbs-dev"), "mlx5": ("libmlx5", "libibverbs-dev"),
                   "ucx": ("ucx (libucp)", "libucx-dev"), "ofi": ("libfabric", "libfabric-dev"),
-                  "cuda": ("cuda driver", "the CUDA headers (nvcc / cuda-toolkit)")}
+                  "cuda": ("cuda driver", "the CUDA headers (nvcc / cuda-toolkit)"),
+                  "nccl": ("nccl", "nothing (no NCCL headers needed): rebuild from this checkout")}
 
 
 def advice(info):

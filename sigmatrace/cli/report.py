@@ -116,6 +116,41 @@ def _clock_lines(clock):
     return out
 
 
+_ATTRIBUTION = {"window": "alone", "group": "in an NCCL group", "in-flight": "in flight together",
+                "no-qps": "on a communicator without known QPs", "no-communicator": "of an unknown communicator"}
+
+
+def _collective_lines(c):
+    """NCCL: one line for the calls and how their work requests were attributed, one per kind and size (at most
+    six): calls, bytes on the wire per call, call → end, the rank most often slowest."""
+    if not c:
+        return []
+    if not c.get("calls") and c.get("aggregate"):
+        return ["  NCCL collectives (aggregate mode, counters only): " + "; ".join(
+            f"{r['op']} {_n(r['calls'], 'call')} {_fmt_bytes(r['bytes'])}" for r in c["aggregate"][:6])]
+    att = c.get("attribution") or {}
+    how = ", ".join(f"{att[k]:,} {v}" for k, v in _ATTRIBUTION.items() if att.get(k))
+    out = [f"  NCCL collectives: {_n(c['calls'], 'call')} ({c['executed']:,} executed) on "
+           f"{_n(c['communicators'], 'communicator')}; work requests attributed to {how or 'none'}"
+           + (f" ({c.get('ops_attributed', 0):,} operations on {_n(c.get('qps', 0), 'QP')})" if how else "")]
+    rows = sorted(c.get("by_kind") or [], key=lambda r: -(r["wire_bytes"] or 0))
+    for r in rows[:6]:
+        per = r.get("wire_bytes_per_call")
+        line = f"    {r['op']} {_fmt_bytes(r['bytes'])} × {r['calls']:,}"
+        if per is not None:
+            line += f": {_fmt_bytes(per)} on the wire per call"
+        if r.get("p50_ns") is not None:
+            line += f", call → end p50 {_fmt_ns(r['p50_ns'])} (max {_fmt_ns(r['max_ns'])})"
+        if r.get("slowest_rank") is not None:
+            line += f", slowest rank {r['slowest_rank']} ({r['slowest_times']} of {r['instances']})"
+        if r.get("shared"):
+            line += f"; {r['shared']:,} in shared units"
+        out.append(line)
+    if len(rows) > 6:
+        out.append(f"    … {len(rows) - 6} more kinds/sizes in summary.json")
+    return out
+
+
 def print_summary(s, out, file=None):
     file = file or sys.stdout
     p = lambda *a: print(*a, file=file)
@@ -166,6 +201,8 @@ def print_summary(s, out, file=None):
             who = "no participant is last more than once"
         p(f"  barriers: {_n(B['count'], 'instance')}; {who}; worst spread {_fmt_ns(w['spread_ns'])} "
           f"(#{w['barrier']} at {rel(w['first_ns'])}, last {w['straggler_label']})")
+    for line in _collective_lines(s.get("collectives")):
+        p(line)
     lat = s.get("latency") or []
     if lat:
         what = {"completion": "post → completion", "interval": "issue interval"}

@@ -17,7 +17,7 @@ from .. import _native
 from ..errors import SigmatraceError
 
 MODES = ("aggregate", "simple", "full")
-PROVIDERS = ("ibv", "mlx5", "cuda", "ucx", "ofi")
+PROVIDERS = ("ibv", "mlx5", "cuda", "ucx", "ofi", "nccl")
 _ALIASES = {"ibverbs": "ibv", "mlx5dv": "mlx5", "libfabric": "ofi"}
 
 

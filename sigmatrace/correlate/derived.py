@@ -232,7 +232,7 @@ def build_aggregates(out, procs, qp_of, remote, q_proc, q_gpu, proc_node, ranks)
     proc = np.concatenate([np.full(len(a), i, np.int64) for i, a, _ in parts])
     a = np.concatenate([a for _, a, _ in parts])
     thr = np.concatenate([t for _, _, t in parts]).astype(np.int64)
-    names = np.array([E.name_of(t) for t in range(0, 0x700)], dtype=object)
+    names = np.array([E.name_of(t) for t in range(E.TYPE_RANGE)], dtype=object)
     tp = a["type"].astype(np.int64)
     qp_keyed = np.isin(tp, [E.value(n) for n in ("IBV_POST_SEND", "IBV_SEND_WR", "IBV_WR_COMPLETE", "DB_DOORBELL",
                                                   "DB_WQE", "IBV_POST_RECV")])

@@ -221,7 +221,8 @@ COMPLETION_COLUMNS = schema.columns("completions")
 _OUT_DT = dict(source=np.int64, process=np.int64, thread=np.int64, qp_id=np.int64, tsc=np.uint64, opcode=np.int64,
                bytes=np.int64, raddr=np.uint64, rkey=np.int64, wr_id=np.int64, num_wr=np.int64,
                doorbell_id=np.int64, wqe_id=np.int64, signaled=bool, gpu=np.int64, qpn=np.int64,
-               status=np.int64, wc_opcode=np.int64, byte_len=np.int64, is_recv=bool, op_id=np.int64)
+               status=np.int64, wc_opcode=np.int64, byte_len=np.int64, is_recv=bool, op_id=np.int64,
+               collective_id=np.int64, collective_unit=np.int64)
 SOURCE_VOCAB = [SOURCE_NAMES[s] for s in range(len(SOURCE_NAMES))]
 
 
@@ -258,7 +259,7 @@ def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns):
         want = set(names)
         r = {}
         for c in ("source", "process", "thread", "qp_id", "tsc", "opcode", "bytes", "raddr", "rkey", "wr_id",
-                  "num_wr", "doorbell_id", "wqe_id", "signaled", "gpu"):
+                  "num_wr", "doorbell_id", "wqe_id", "signaled", "gpu", "collective_id", "collective_unit"):
             if c in want:
                 r[c] = ops[c][sel].astype(_OUT_DT[c], copy=False)
         p = ops["process"][sel].astype(np.int64)

@@ -10,7 +10,9 @@ Stages, each in its own module (vectorised; Python loops only over processes, QP
  6. operations with their peer side, post -> completion and send <-> receive matching (``ops``);
  7. F24b clock refinement from matched operations (``clock.matched_pairs``, ``clock.refine_nodes``), then
     every ``*_ns`` column on the final time base;
- 8. flows, barriers, losses, aggregates (``derived``).
+ 8. NCCL communicators and collectives, the work requests each caused (``collectives``: QP ownership and
+    attribution in TSC of each process, tables on the final time base);
+ 9. flows, barriers, losses, aggregates (``derived``).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import numpy as np
 from ..decode import DEFAULT_BATCH_RECORDS, EventStore
 from ..errors import TraceFormatError
 from ..format.reader import capture_files
-from . import clock, derived, doorbells, identity, ops
+from . import clock, collectives, derived, doorbells, identity, ops
 from .pool import decode_all, memtrace, trim
 from .result import Correlated, LazyTable
 from .topology import Topology
@@ -108,6 +110,10 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     m = ops.match(out, op_base, topo, wc)
     trim()
     memtrace("matched")
+    # NCCL: which QPs are a communicator's, which work requests each collective caused (docs/schema.md)
+    coll = collectives.Collectives(out, st, procs, topo, tables["threads"])
+    coll.attribute(op_base, m.op_completion, m.wc_tsc)
+    memtrace("collectives")
     # F24b: refine the clocks from matched operations, then every time column on the final time base
     pairs = clock.matched_pairs(op_base, m, node_of, ranks, topo.remote, to_ns)
     memtrace("pairs built")
@@ -127,6 +133,9 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     tables["ops"], tables["completions"] = ops.op_tables(op_base, completions, node_of, ranks, topo.qpn,
                                                          topo.process, dbs.qp_gpu, topo.remote, to_ns)
     tables["qps"] = topo.table(node_of, ranks, dbs.qp_gpu)
+    tables["qps"]["comm"] = coll.qp_comm[:topo.n].astype(np.int64)
+    tables["qps"]["comm_rule"] = coll.qp_rule
+    tables["collectives"], tables["communicators"] = coll.tables(to_ns, node_of, ranks)
     tables["nics"] = nics.table()
     tables["gpus"] = gpus.table()
     tables["nodes"] = dict(node=np.arange(len(labels), dtype=np.int64), label=np.array(labels, dtype=object),

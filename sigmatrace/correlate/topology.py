@@ -59,7 +59,7 @@ class Topology:
         if key not in self.qp:
             self.qp[key] = dict(process=pi, qpn=qpn, nic=self.nics.nic_for(pi, None), kind="implicit", qp_type=-1,
                                 log_sq_size=-1, uar_page=-1, remote_qpn=-1, rlid=0, rgid=None, sq_sig_all=False,
-                                create_tsc=0)
+                                create_tsc=0, create_thread=-1)
         return self.qp[key]
 
     def rows(self):
@@ -73,7 +73,7 @@ class Topology:
             js = procs[pi].side_json.get(int(create_qp_records["side_id"][k]))
             r = self.row(pi, qpn)
             r.update(kind="verbs", qp_type=int(create_qp_records["qp_type"][k]), nic=self.nics.nic_for(pi, js),
-                     create_tsc=int(create_qp_records["tsc"][k]))
+                     create_tsc=int(create_qp_records["tsc"][k]), create_thread=int(create_qp_records["thread"][k]))
             if isinstance(js, dict):
                 r["sq_sig_all"] = bool(js.get("sq_sig_all", False))
         devx_create = st.table("MLX5_DEVX_OBJ_CREATE")
@@ -91,7 +91,7 @@ class Topology:
             if parsed is not None and parsed.qpn:
                 qpn = int(parsed.qpn)
             r = self.row(pi, qpn)
-            r.update(kind="devx", create_tsc=int(devx_create["tsc"][k]))
+            r.update(kind="devx", create_tsc=int(devx_create["tsc"][k]), create_thread=int(devx_create["thread"][k]))
             if parsed is not None:
                 r.update(log_sq_size=int(parsed.log_sq_size), uar_page=int(parsed.uar_page), qp_type=int(parsed.st))
                 if parsed.remote_qpn:

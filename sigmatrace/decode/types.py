@@ -19,7 +19,9 @@ CORRELATOR_TYPES = ("DROPS", "DB_HIJACK_INSTALL", "IBV_CREATE_QP", "MLX5_DEVX_OB
                     # UCX / libfabric identities and operations (correlate.hostlib)
                     "UCP_WORKER_CREATE", "UCP_EP_CREATE", "OFI_ENDPOINT", "OFI_AV_INSERT",
                     "UCP_PUT", "UCP_GET", "UCP_ATOMIC", "UCP_TAG_SEND", "UCP_STREAM_SEND", "UCP_AM_SEND",
-                    "OFI_SEND", "OFI_TSEND", "OFI_WRITE", "OFI_READ", "OFI_ATOMIC")
+                    "OFI_SEND", "OFI_TSEND", "OFI_WRITE", "OFI_READ", "OFI_ATOMIC",
+                    # NCCL communicators, calls and groups (correlate.collectives)
+                    "NCCL_COMM_INIT", "NCCL_COMM_DESTROY", "NCCL_COLL", "NCCL_GROUP_START", "NCCL_GROUP_END")
 CORRELATOR_TYPE_LUT = np.zeros(1 << 16, bool)
 for _n in CORRELATOR_TYPES:
     CORRELATOR_TYPE_LUT[E.value(_n)] = True
@@ -33,7 +35,8 @@ _USED = {"IBV_WC": ("status", "opcode", "qpn", "wr_id", "byte_len"),
          **{n: ("op", "ep", "bytes", "raddr") for n in ("UCP_PUT", "UCP_GET", "UCP_ATOMIC", "UCP_TAG_SEND",
                                                        "UCP_STREAM_SEND", "UCP_AM_SEND")},
          **{n: ("op", "ep", "bytes", "dest", "raddr") for n in ("OFI_SEND", "OFI_TSEND", "OFI_WRITE", "OFI_READ",
-                                                               "OFI_ATOMIC")}}
+                                                               "OFI_ATOMIC")},
+         "NCCL_COLL": ("kind", "datatype", "comm", "count", "result", "redop", "peer", "duration_ticks")}
 _SLOT_DT = dict(aux=np.uint16, obj=np.uint32, arg=np.uint64, x0=np.uint64, x1=np.uint16, x2=np.uint32, x3=np.uint64)
 def _type_columns(name):
     """[(column, slot, low bit, width, dtype)] kept for one correlator type."""

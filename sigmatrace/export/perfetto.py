@@ -14,7 +14,13 @@ Tracks:
    track, at the receive completion, the initiator's completion, or the
    issue time for one-sided operations); UCX / libfabric operations (no QP)
    are instants on their issuing thread's track, their arrows end on the
-   target process's track.
+   target process's track;
+ * NCCL: per process one track per communicator ("NCCL comm …") under the
+   process track; each attribution unit (a collective, or an NCCL group's
+   calls / calls in flight together) is a slice from its first call to its
+   end (last completion, else last work request; clamped to the next unit's
+   start), with flow arrows to its work requests (at most
+   ``_COLL_FLOWS`` per unit).
 Large captures: at most ``max_events`` instants/slices are written (oldest
 first); the cut is reported in the trace (a marker slice) and the summary.
 Size (docs/report.md, "Perfetto trace size"): names, categories, annotation
@@ -22,6 +28,8 @@ names and small-vocabulary values interned per packet sequence; packets
 written in deflate bundles (TracePacket.compressed_packets).
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -108,6 +116,8 @@ def _scan_ops(ops_t, n_ops, n_gpu, n_node, n_qp, keep, bins, time_range=None):
 
 
 _CHUNK = 50_000             # drawn events per emission chunk (one packet sequence each)
+_COLL_FLOWS = 4096          # flow arrows from one collective slice to its work requests (the first ones drawn)
+_COLL_FLOW_BASE = 2 << 40   # their ids: base + drawn op index (the ops' own flows: 1 << 40 + index)
 _EMIT = None               # what _emit_chunk draws from (set by write_perfetto; forked workers inherit it)
 
 
@@ -295,6 +305,7 @@ def _emit_chunk(arg):
             st["instants"] += 1
     else:
         ops, D, labels, qp_uuid, drawn = S["ops"], S["D"], S["labels"], S["qp_uuid"], S["drawn"]
+        coll_flow = S.get("coll_flow")
         thread_uuid, proc_uuid = S["thread_uuid"], S["proc_uuid"]
         flow_base = 1 << 40
         for i in range(lo, hi):
@@ -325,8 +336,12 @@ def _emit_chunk(arg):
                 ann.append(("producer_index", int(D["producer_index"][ops["doorbell_id"][i]])))
             if ops["latency_ns"][i] != NULL_SENTINEL:     # known: the op's own completion was recorded
                 ann.append(("latency_ns", int(ops["latency_ns"][i])))
+            cf = int(coll_flow[i]) if coll_flow is not None else 0
+            if cf:
+                ann.append(("collective_unit", int(ops["collective_unit"][i])))
+                st["flows"] += 1
             out.ev(ops["ns"][i], u, P.TrackEvent.TYPE_INSTANT, str(ops["opcode_name"][i]), cat="op", ann=ann,
-                   flows=[fid] if matched else None)
+                   flows=[fid] if matched else None, term=[cf] if cf else None)
             st["instants"] += 1
             if matched and dst_u is not None:
                 t_dst = ops["peer_ns"][i] if ops["peer_ns"][i] >= 0 else (
@@ -337,6 +352,78 @@ def _emit_chunk(arg):
                 st["instants"] += 1
                 st["flows"] += 1
     return out.take(_compress()), st
+
+
+def _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats):
+    """The NCCL communicator tracks and one slice per attribution unit (drawn when it starts inside the
+    window), with a flow to each of its drawn work requests (the first _COLL_FLOWS); returns per drawn op the
+    flow id that ends on it (0: none), or None without collectives."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
+    C, K = T.get("collectives"), T.get("communicators")
+    if C is None or K is None or not len(K["comm"]):
+        return None
+    comm_uuid = {}
+    for c, p_, r, nr, key in zip(K["comm"], K["process"], K["rank"], K["nranks"], K["key"]):
+        u = new_uuid()
+        comm_uuid[int(c)] = u
+        short = re.sub(r"^([0-9a-f]{8})[0-9a-f]{8}", r"\1", str(key))     # the unique-id hash cut to 8 digits
+        track(u, name=f"NCCL comm {short} (rank {int(r)} of {int(nr)})", parent=proc_uuid[int(p_)][0])
+    unit = np.asarray(C["unit"])
+    sel = np.flatnonzero(unit >= 0)
+    coll_flow = None
+    nd = len(ops["ns"]) if "ns" in ops else 0
+    flows_of = {}
+    if nd and "collective_unit" in ops:
+        cu = np.asarray(ops["collective_unit"], np.int64)
+        d = np.flatnonzero(cu >= 0)
+        if len(d):
+            o = d[np.lexsort((np.asarray(ops["ns"])[d], cu[d]))]
+            k = cu[o]
+            start = np.ones(len(o), bool)
+            start[1:] = k[1:] != k[:-1]
+            pos = np.arange(len(o))
+            nth = pos - np.maximum.accumulate(np.where(start, pos, 0))
+            keep = o[nth < _COLL_FLOWS]
+            coll_flow = np.zeros(nd, np.int64)
+            coll_flow[keep] = _COLL_FLOW_BASE + keep
+            for i in keep.tolist():
+                flows_of.setdefault(int(cu[i]), []).append(int(coll_flow[i]))
+    if not len(sel):
+        return coll_flow
+    # one slice per unit: [first call, end], the members' names; per communicator track in time order
+    units = {}
+    for i in sel.tolist():
+        units.setdefault(int(unit[i]), []).append(i)
+    rows = []
+    for u, mem in units.items():
+        start = min(int(C["call_ns"][i]) for i in mem)
+        ends = [int(C["end_ns"][i]) for i in mem if C["end_ns"][i] >= 0]
+        calls_end = max(int(C["call_ns"][i]) + int(C["call_duration_ns"][i]) for i in mem)
+        end = max([calls_end] + ends)
+        rows.append((int(C["comm"][mem[0]]), start, end, u, mem))
+    rows.sort()
+    for j, (comm, start, end, u, mem) in enumerate(rows):
+        if cut is not None and start > cut:
+            continue
+        nxt = rows[j + 1][1] if j + 1 < len(rows) and rows[j + 1][0] == comm else None
+        end = max(start + 1, min(end, nxt) if nxt is not None else end)
+        i0 = mem[0]
+        ops_ = [str(C["op"][i]) for i in mem]
+        att = str(C["attribution"][i0])
+        name = ops_[0] if len(mem) == 1 else (("group: " if att == "group" else "in flight: ")
+                                                + "+".join(ops_[:4]) + (" …" if len(ops_) > 4 else ""))
+        ann = [("bytes", int(C["bytes"][i0]) if len(mem) == 1 else int(sum(int(C["bytes"][i]) for i in mem))),
+               ("count", int(C["count"][i0])), ("datatype", str(C["datatype"][i0])), ("seq", int(C["seq"][i0])),
+               ("calls", len(mem)), ("wrs", int(C["wrs"][i0])), ("wire_bytes", int(C["wire_bytes"][i0])),
+               ("attribution", att), ("unit", u), ("instance", int(C["instance"][i0])),
+               ("collective_id", int(C["collective_id"][i0]))]
+        if C["root"][i0] >= 0:
+            ann.append(("root_or_peer", int(C["root"][i0])))
+        fl = flows_of.get(u)
+        main.ev(start, comm_uuid[comm], P.TrackEvent.TYPE_SLICE_BEGIN, name, cat="nccl", ann=ann, flows=fl)
+        main.ev(end, comm_uuid[comm], P.TrackEvent.TYPE_SLICE_END)
+        stats["slices"] += 1
+    return coll_flow
 
 
 def write_perfetto(corr, path, max_events=500_000, bins=400):
@@ -451,7 +538,7 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
         dur = np.where(same, np.minimum(nxt - ev_t["ns"], 1000), 1000)
         dur = np.maximum(dur, 1)
         hs = window(ev_t["ns"])
-        names = np.array([E.name_of(t) for t in range(0x700)], dtype=object)
+        names = np.array([E.name_of(t) for t in range(E.TYPE_RANGE)], dtype=object)
     dbs = window(D["ns"])
     # operations on QP tracks, flows to the peer QP: the window's ops are among the scan's candidates
     if stats["truncated"]:
@@ -459,11 +546,13 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
     else:
         drawn = np.arange(n_ops)
     ops = _ops_cols(ops_t, drawn, ops_t.columns if hasattr(ops_t, "columns") else tuple(ops_t))
+    coll_flow = _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats)
     jobs = [(kind, lo, min(lo + _CHUNK, n)) for kind, n in (("host", len(hs)), ("doorbells", len(dbs)),
                                                             ("ops", len(drawn))) for lo in range(0, n, _CHUNK)]
     flush()
     global _EMIT
     _EMIT = dict(ev_t=ev_t, dur=dur, names=names, hs=hs, D=D, dbs=dbs, ops=ops, drawn=drawn, labels=labels,
+                 coll_flow=coll_flow,
                  thread_uuid=thread_uuid, proc_uuid=proc_uuid, gpu_uuid=gpu_uuid, qp_uuid=qp_uuid)
     try:
         workers = int(getattr(corr, "workers", 1) or 1)

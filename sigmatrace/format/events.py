@@ -16,6 +16,7 @@ LAYER_CUDA = 0x03
 LAYER_DB = 0x04
 LAYER_UCX = 0x05
 LAYER_OFI = 0x06
+LAYER_NCCL = 0x07
 LAYER_NAMES = {
     LAYER_TRACE: "trace",
     LAYER_IBV: "ibv",
@@ -24,6 +25,7 @@ LAYER_NAMES = {
     LAYER_DB: "doorbell",
     LAYER_UCX: "ucx",
     LAYER_OFI: "ofi",
+    LAYER_NCCL: "nccl",
 }
 
 SLOTS = ("aux", "obj", "arg", "x0", "x1", "x2", "x3")
@@ -157,6 +159,14 @@ EVENTS = [
     _E("OFI_CQ_READ", 0x060D, "F", aux="returned", obj="cq", arg="requested"),
     _E("OFI_COMPLETION", 0x060E, "F", aux="flags_lo", obj="cq", arg="context", x0="len", x3="flags"),
     _E("OFI_MR_REG", 0x060F, obj="mr", arg="addr", x0="len", x3="key"),
+    # --- NCCL (ABI of NCCL 2.28) ---
+    _E("NCCL_COMM_INIT", 0x0701, aux="variant", obj="comm", arg="side_id", x0="duration_ticks", x1="result",
+       x2="rank", x3="nranks"),
+    _E("NCCL_COMM_DESTROY", 0x0702, aux="how", obj="comm", arg="result"),
+    _E("NCCL_COLL", 0x0703, aux=(("kind", 0, 8), ("datatype", 8, 8)), obj="comm", arg="count", x0="stream",
+       x1=(("result", 0, 8), ("redop", 8, 8)), x2="peer", x3="duration_ticks"),
+    _E("NCCL_GROUP_START", 0x0704, aux="depth", arg="result"),
+    _E("NCCL_GROUP_END", 0x0705, aux="depth", arg="result", x0="duration_ticks", x1="simulated"),
 ]
 
 BY_NAME = {e.name: e for e in EVENTS}
@@ -172,6 +182,30 @@ WQE_LOST_CORRUPT = 2
 WQE_LOST_COPY_FAILED = 3
 WQE_LOST_RING_FULL = 4
 WQE_LOST_TRACE_DROPPED = 5
+NCCL_INIT_RANK = 0
+NCCL_INIT_RANK_CONFIG = 1
+NCCL_INIT_ALL = 2
+NCCL_INIT_RANK_SCALABLE = 3
+NCCL_INIT_SPLIT = 4
+NCCL_END_DESTROY = 0
+NCCL_END_ABORT = 1
+NCCL_END_FINALIZE = 2
+NCCL_COLL_ALL_REDUCE = 0
+NCCL_COLL_BROADCAST = 1
+NCCL_COLL_BCAST = 2
+NCCL_COLL_REDUCE = 3
+NCCL_COLL_ALL_GATHER = 4
+NCCL_COLL_REDUCE_SCATTER = 5
+NCCL_COLL_ALL_TO_ALL = 6
+NCCL_COLL_GATHER = 7
+NCCL_COLL_SCATTER = 8
+NCCL_COLL_SEND = 9
+NCCL_COLL_RECV = 10
+NCCL_REDOP_NONE = 0xFF
+NCCL_NO_PEER = 0xFFFFFFFF
+
+# One past the largest event type of any layer (name lookup tables index by type value).
+TYPE_RANGE = ((max(e.value for e in EVENTS) >> 8) + 1) << 8
 
 
 def value(name: str) -> int:

@@ -1,5 +1,5 @@
 """JSON aggregates (summary.json): per-QP bandwidth, per-GPU volume, rank and node matrices,
-drops/losses, clock residuals, skew, barriers, time range."""
+drops/losses, clock residuals, skew, barriers, NCCL collectives, time range."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ..analysis import comm_matrix, op_latency, skew
+from ..correlate.collectives import KINDS
 from ..mlx5.verbs import OPCODE_VOCAB
 from ..query import connect, named_queries
 
@@ -86,6 +87,7 @@ def build_summary(corr, con=None, perfetto_stats=None):
         "stragglers": stragglers,
         "most_often_last": _most_often_last(stragglers),
     }
+    s["collectives"] = _collectives(con, T)
     L = T["losses"]
     s["losses"] = {
         "dropped_events": int(P["dropped_events"].sum()),
@@ -108,6 +110,41 @@ def build_summary(corr, con=None, perfetto_stats=None):
         s["perfetto"] = perfetto_stats
     s["warnings"] = list(corr.warnings)
     return _clean(s)
+
+
+def _collectives(con, T):
+    """NCCL: calls and communicators, how the calls' work requests were attributed, and per kind and size
+    (named query ``collectives``) the bytes on the wire, call → end times and the slowest rank; aggregate
+    mode: the NCCL_COLL counters (calls and bytes per kind).  None without NCCL calls."""
+    C = T.get("collectives")
+    A = T["aggregates"]
+    agg = np.asarray(A["type_name"], dtype=object) == "NCCL_COLL" if len(A["type_name"]) else np.zeros(0, bool)
+    if (C is None or not len(C["collective_id"])) and not agg.any():
+        return None
+    out = {"calls": 0, "executed": 0, "communicators": int(len(T["communicators"]["comm"])), "attribution": {},
+           "by_kind": [], "shared_units": []}
+    if C is not None and len(C["collective_id"]):
+        out["calls"] = int(len(C["collective_id"]))
+        out["executed"] = int((C["seq"] >= 0).sum())
+        labs, cnt = np.unique(np.asarray(C["attribution"], dtype=str), return_counts=True)
+        out["attribution"] = {str(k): int(v) for k, v in zip(labs, cnt)}
+        out["qps"] = int((T["qps"]["comm"] >= 0).sum()) if "comm" in T["qps"] else 0
+        out["ops_attributed"] = int(con.execute("SELECT count(*) FROM ops WHERE collective_unit >= 0").fetchone()[0])
+        out["by_kind"] = _rows(con, run_named_sql("collectives"))
+        out["shared_units"] = _rows(con, """
+            SELECT unit, any_value(attribution) AS attribution, any_value(rank) AS rank, any_value(comm) AS comm,
+                   string_agg(op, '+' ORDER BY collective_id) AS ops, count(*) AS calls, sum(bytes) AS bytes,
+                   any_value(wrs) AS wrs, any_value(wire_bytes) AS wire_bytes, any_value(duration_ns) AS duration_ns
+            FROM collectives WHERE attribution IN ('group', 'in-flight') GROUP BY unit ORDER BY unit LIMIT 50""")
+    if agg.any():
+        kinds = np.asarray(A["aux"])[agg] & 0xFF
+        rows = {}
+        for k, c, b in zip(kinds.tolist(), np.asarray(A["count"])[agg].tolist(), np.asarray(A["bytes"])[agg].tolist()):
+            r = rows.setdefault(KINDS.get(int(k), f"kind{k}"), {"calls": 0, "bytes": 0})
+            r["calls"] += int(c)
+            r["bytes"] += int(b)
+        out["aggregate"] = [{"op": k, **v} for k, v in sorted(rows.items())]
+    return out
 
 
 def _labelled(sk, labels, keys):

@@ -1,11 +1,11 @@
-"""The host-layer events (verbs, DevX, CUDA, UCX, libfabric calls) that the Perfetto window may draw, kept
+"""The host-layer events (verbs, DevX, CUDA, UCX, libfabric, NCCL calls) that the Perfetto window may draw, kept
 while the events table is streamed (``parquet.write_events``), so the Perfetto export needs no second pass
 over the capture."""
 from __future__ import annotations
 
 import numpy as np
 
-HOST_LAYERS = (0x01, 0x02, 0x03, 0x05, 0x06)
+HOST_LAYERS = (0x01, 0x02, 0x03, 0x05, 0x06, 0x07)
 _HOST_KEYS = ("process", "thread", "ns", "type", "aux", "obj", "arg")
 _HOST_LUT = np.zeros(1 << 16, bool)
 for _t in range(1 << 16):

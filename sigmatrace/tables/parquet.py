@@ -82,7 +82,7 @@ def _type_names():
     global _TYPE_NAMES
     import pyarrow as pa
     if _TYPE_NAMES is None:
-        _TYPE_NAMES = pa.array([E.name_of(t) for t in range(0x700)], type=pa.string())
+        _TYPE_NAMES = pa.array([E.name_of(t) for t in range(E.TYPE_RANGE)], type=pa.string())
     return _TYPE_NAMES
 
 

@@ -20,6 +20,7 @@ enum st_layer {
 	ST_LAYER_DB    = 0x04, /* doorbells and WQEs seen through the UAR */
 	ST_LAYER_UCX   = 0x05,
 	ST_LAYER_OFI   = 0x06,
+	ST_LAYER_NCCL  = 0x07,
 };
 
 /* X(name, value) */
@@ -112,7 +113,13 @@ enum st_layer {
 	X(OFI_ATOMIC,               0x060c) /* obj=ep id, aux=op, arg=bytes; EXT x0=dest x2=ret x3=raddr */ \
 	X(OFI_CQ_READ,              0x060d) /* F: obj=cq id, aux=returned, arg=requested */ \
 	X(OFI_COMPLETION,           0x060e) /* F: obj=cq id, aux=flags low 16, arg=op_context; EXT x0=len x3=flags */ \
-	X(OFI_MR_REG,               0x060f) /* obj=mr id, arg=addr; EXT x0=len x3=key */
+	X(OFI_MR_REG,               0x060f) /* obj=mr id, arg=addr; EXT x0=len x3=key */ \
+	/* --- NCCL (docs/tracer.md "nccl"; ABI of NCCL 2.28) --- */            \
+	X(NCCL_COMM_INIT,           0x0701) /* obj=comm id, aux=ST_NCCL_INIT_*, arg=side JSON; EXT x0=duration ticks x1=result x2=rank x3=nranks */ \
+	X(NCCL_COMM_DESTROY,        0x0702) /* obj=comm id, aux=ST_NCCL_END_*, arg=result */ \
+	X(NCCL_COLL,                0x0703) /* obj=comm id, aux=ST_NCCL_COLL_*|datatype<<8, arg=count; EXT x0=stream x1=result|redop<<8 x2=root/peer x3=duration ticks */ \
+	X(NCCL_GROUP_START,         0x0704) /* aux=group depth after the call, arg=result */ \
+	X(NCCL_GROUP_END,           0x0705) /* aux=group depth before the call, arg=result; EXT x0=duration ticks x1=simulated */
 
 enum st_event_type {
 #define ST_X_ENUM(name, value) ST_EV_##name = value,
@@ -132,5 +139,40 @@ enum st_wqe_lost_reason {
 	ST_WQE_LOST_RING_FULL   = 4,
 	ST_WQE_LOST_TRACE_DROPPED = 5, /* recovered, but the trace had no room for its bytes (side record dropped) */
 };
+
+/* aux of NCCL_COMM_INIT: the call that created the communicator */
+enum st_nccl_init {
+	ST_NCCL_INIT_RANK          = 0, /* ncclCommInitRank */
+	ST_NCCL_INIT_RANK_CONFIG   = 1, /* ncclCommInitRankConfig */
+	ST_NCCL_INIT_ALL           = 2, /* ncclCommInitAll (one event per communicator) */
+	ST_NCCL_INIT_RANK_SCALABLE = 3, /* ncclCommInitRankScalable */
+	ST_NCCL_INIT_SPLIT         = 4, /* ncclCommSplit */
+};
+
+/* aux of NCCL_COMM_DESTROY */
+enum st_nccl_end {
+	ST_NCCL_END_DESTROY  = 0, /* ncclCommDestroy */
+	ST_NCCL_END_ABORT    = 1, /* ncclCommAbort */
+	ST_NCCL_END_FINALIZE = 2, /* ncclCommFinalize */
+};
+
+/* aux bits 0..7 of NCCL_COLL: the call */
+enum st_nccl_coll {
+	ST_NCCL_COLL_ALL_REDUCE     = 0,
+	ST_NCCL_COLL_BROADCAST      = 1,
+	ST_NCCL_COLL_BCAST          = 2, /* ncclBcast (in place) */
+	ST_NCCL_COLL_REDUCE         = 3,
+	ST_NCCL_COLL_ALL_GATHER     = 4,
+	ST_NCCL_COLL_REDUCE_SCATTER = 5,
+	ST_NCCL_COLL_ALL_TO_ALL     = 6,
+	ST_NCCL_COLL_GATHER         = 7,
+	ST_NCCL_COLL_SCATTER        = 8,
+	ST_NCCL_COLL_SEND           = 9,
+	ST_NCCL_COLL_RECV           = 10,
+};
+/* redop byte of NCCL_COLL EXT x1: ncclRedOp_t (0 sum .. 4 avg, 5.. dynamic), saturated at 0xfe; 0xff: none */
+#define ST_NCCL_REDOP_NONE 0xffu
+/* root/peer (EXT x2) of a call without one */
+#define ST_NCCL_NO_PEER 0xffffffffu
 
 #endif /* SIGMATRACE_EVENTS_H */

@@ -32,7 +32,8 @@ struct st_config st_cfg = {
 };
 
 static const char *const mode_names[] = {"aggregate", "simple", "full"};
-static const char *const provider_names[] = {"ibv", "mlx5", "cuda", "ucx", "ofi"};
+static const char *const provider_names[] = {"ibv", "mlx5", "cuda", "ucx", "ofi", "nccl"};
+#define N_PROVIDERS (sizeof(provider_names) / sizeof(provider_names[0]))
 
 const char *st_mode_name(int mode)
 {
@@ -41,7 +42,7 @@ const char *st_mode_name(int mode)
 
 const char *st_provider_name(unsigned bit)
 {
-	for (unsigned i = 0; i < 5; i++)
+	for (unsigned i = 0; i < N_PROVIDERS; i++)
 		if (bit == (1u << i))
 			return provider_names[i];
 	return "?";
@@ -113,7 +114,7 @@ static void parse_providers(const char *v)
 				tok[n] = 0;
 				if (!strcasecmp(tok, "none"))
 					found = 1;
-				for (unsigned i = 0; i < 5 && !found; i++)
+				for (unsigned i = 0; i < N_PROVIDERS && !found; i++)
 					if (!strcasecmp(tok, provider_names[i]) ||
 					    (i == 0 && !strcasecmp(tok, "ibverbs")) ||
 					    (i == 1 && !strcasecmp(tok, "mlx5dv")) ||
@@ -130,10 +131,10 @@ static void parse_providers(const char *v)
 			p++;
 	}
 	if (bad && !mask) {
-		st_warn("SIGMATRACE_PROVIDERS=\"%.64s\" names no known provider (ibv,mlx5,cuda,ucx,ofi,all,none); using all", v);
+		st_warn("SIGMATRACE_PROVIDERS=\"%.64s\" names no known provider (ibv,mlx5,cuda,ucx,ofi,nccl,all,none); using all", v);
 		mask = ST_PROV_ALL;
 	} else if (bad) {
-		st_warn("SIGMATRACE_PROVIDERS=\"%.64s\": unknown names ignored (known: ibv,mlx5,cuda,ucx,ofi,all,none)", v);
+		st_warn("SIGMATRACE_PROVIDERS=\"%.64s\": unknown names ignored (known: ibv,mlx5,cuda,ucx,ofi,nccl,all,none)", v);
 	}
 	st_cfg.providers = mask;
 }

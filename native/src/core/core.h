@@ -35,7 +35,8 @@ enum st_provider_bit {
 	ST_PROV_CUDA = 1u << 2,
 	ST_PROV_UCX  = 1u << 3,
 	ST_PROV_OFI  = 1u << 4,
-	ST_PROV_ALL  = 0x1f,
+	ST_PROV_NCCL = 1u << 5,
+	ST_PROV_ALL  = 0x3f,
 };
 
 struct st_config {
