@@ -101,6 +101,8 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
     hrec = slot_rec[heads]
     exp_index = (rec_first[hrec] + slot_off[heads]) & 0xFFFF
     hd = dec[heads]
+    if len(heads):
+        _redecode_ud(hd, heads, blob, np.asarray(w_qp)[hrec], topo)
     index_ok = hd["wqe_index"].astype(np.int64) == exp_index
     qpn_ok = hd["qpn"].astype(np.int64) == (wq["qpn"][hrec].astype(np.int64) & 0xFFFFFF)
     wqe_valid = hd["valid"] & index_ok & qpn_ok
@@ -254,3 +256,23 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
     )
     return Doorbells(n=nd, process=d_proc, tsc=d_tsc, gpu=d_gpu, wqe_process=we_proc, wqe_qp=we_qp, wqe_tsc=we_tsc,
                      wqe_doorbell=we_db, duplicate=dup, qp_gpu=q_gpu)
+
+
+def _redecode_ud(hd, heads, blob, qp_ids, topo):
+    """WQEs of UD QPs carry a datagram address vector after the ctrl segment, which the vectorised
+    decoder (RC compositions) does not skip: decode those few with parse_wqe(datagram=True)."""
+    ud = {}
+    for q in np.unique(qp_ids).tolist():
+        r = topo.qp[topo.keys[int(q)]] if q >= 0 else None
+        ud[q] = bool(r is not None and r["kind"] == "verbs" and r["qp_type"] == 4)
+    for j in np.flatnonzero([ud[int(q)] for q in qp_ids]):
+        h = int(heads[j])
+        n = max(int(hd["num_wqebbs"][j]), 1)
+        try:
+            w = mlx5.parse_wqe(blob[h * 64:(h + n) * 64].tobytes(), datagram=True)
+        except Exception:   # noqa: BLE001 - a malformed WQE stays flagged invalid
+            continue
+        hd["total_bytes"][j] = w.total_bytes
+        if w.data_segments:
+            hd["dseg_addr"][j] = w.data_segments[0][2]
+        hd["valid"][j] = True

@@ -127,9 +127,13 @@ def explain_unmatched(out, op_base, topo: Topology):
             reasons = {}
             for qq, c in zip(qs.tolist(), counts.tolist()):
                 r = topo.rows()[qq]
-                why = ("the remote QP is not in the capture (peer process not traced or its file missing)"
-                       if r["remote_qpn"] is not None and r["remote_qpn"] >= 0 else
-                       "its QP's connection (modify to RTR / DevX INIT2RTR) was not recorded")
+                if r.get("kind") == "verbs" and r.get("qp_type") == 4:     # IBV_QPT_UD: no connected peer
+                    why = ("UD datagram: the destination is per work request (address handle + remote QPN), "
+                           "which the correlator does not resolve (yet)")
+                else:
+                    why = ("the remote QP is not in the capture (peer process not traced or its file missing)"
+                           if r["remote_qpn"] is not None and r["remote_qpn"] >= 0 else
+                           "its QP's connection (modify to RTR / DevX INIT2RTR) was not recorded")
                 reasons[why] = reasons.get(why, 0) + int(c)
             res[name] = dict(operations=total, unmatched=int(sum(reasons.values())), reasons=reasons)
     peers = getattr(out, "_peers", None)

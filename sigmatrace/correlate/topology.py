@@ -162,8 +162,8 @@ class Topology:
         for key in keys:
             r = qp[key]
             rq = r["remote_qpn"]
-            if rq is None or rq < 0:
-                continue
+            if rq is None or rq < 0 or (r["kind"] == "verbs" and r["qp_type"] == 4):
+                continue     # unconnected, or UD (IBV_QPT_UD: its RTR carries no destination)
             i = r["qp_id"]
             cand = None
             if r["rgid"]:
