@@ -28,6 +28,33 @@ def opcode_names(codes):
     return _OPCODE_LABELS[np.asarray(codes, np.int64) & 0xFF]
 
 
+IBV_QPT_UD, PRM_ST_UD = 4, 0x2   # verbs qp_type / PRM qpc.st of a UD QP
+
+
+def _datagram_wqes(hd, heads, hrec, w_qp, topo, blob):
+    """WQEs of UD QPs (UCX ud_mlx5 wire-up, ud_verbs) carry a datagram address vector after the ctrl
+    segment (ref §1.8), which the vectorised decoder (RC compositions) would read as data segments: decode
+    those few with parse_wqe(datagram=True) and put their byte counts and validity in hd."""
+    ud = np.array([(r.get("kind") == "verbs" and r.get("qp_type") == IBV_QPT_UD) or
+                   (r.get("kind") == "devx" and r.get("qp_type") == PRM_ST_UD) for r in topo.rows()], bool)
+    if not ud.any():
+        return
+    mine = ud[np.maximum(w_qp[hrec], 0)] & (w_qp[hrec] >= 0)
+    raw = blob.tobytes()
+    for j in np.flatnonzero(mine):
+        nbb = max(int(hd["num_wqebbs"][j]), 1)
+        k = int(heads[j])
+        try:
+            w = mlx5.parse_wqe(raw[k * 64:(k + nbb) * 64], datagram=True)
+        except Exception:            # noqa: BLE001 -- a malformed WQE stays flagged invalid
+            hd["valid"][j] = False
+            continue
+        hd["total_bytes"][j] = w.total_bytes
+        hd["raddr"][j] = w.raddr or 0
+        hd["rkey"][j] = w.rkey or 0
+        hd["valid"][j] = True
+
+
 @dataclass
 class Doorbells:
     """What the operations stage reads of the doorbell stage (the tables themselves are in ``out.tables``)."""
@@ -102,7 +129,7 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
     exp_index = (rec_first[hrec] + slot_off[heads]) & 0xFFFF
     hd = dec[heads]
     if len(heads):
-        _redecode_ud(hd, heads, blob, np.asarray(w_qp)[hrec], topo)
+        _datagram_wqes(hd, heads, hrec, w_qp, topo, blob)
     index_ok = hd["wqe_index"].astype(np.int64) == exp_index
     qpn_ok = hd["qpn"].astype(np.int64) == (wq["qpn"][hrec].astype(np.int64) & 0xFFFFFF)
     wqe_valid = hd["valid"] & index_ok & qpn_ok
@@ -257,22 +284,3 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
     return Doorbells(n=nd, process=d_proc, tsc=d_tsc, gpu=d_gpu, wqe_process=we_proc, wqe_qp=we_qp, wqe_tsc=we_tsc,
                      wqe_doorbell=we_db, duplicate=dup, qp_gpu=q_gpu)
 
-
-def _redecode_ud(hd, heads, blob, qp_ids, topo):
-    """WQEs of UD QPs carry a datagram address vector after the ctrl segment, which the vectorised
-    decoder (RC compositions) does not skip: decode those few with parse_wqe(datagram=True)."""
-    ud = {}
-    for q in np.unique(qp_ids).tolist():
-        r = topo.qp[topo.keys[int(q)]] if q >= 0 else None
-        ud[q] = bool(r is not None and r["kind"] == "verbs" and r["qp_type"] == 4)
-    for j in np.flatnonzero([ud[int(q)] for q in qp_ids]):
-        h = int(heads[j])
-        n = max(int(hd["num_wqebbs"][j]), 1)
-        try:
-            w = mlx5.parse_wqe(blob[h * 64:(h + n) * 64].tobytes(), datagram=True)
-        except Exception:   # noqa: BLE001 - a malformed WQE stays flagged invalid
-            continue
-        hd["total_bytes"][j] = w.total_bytes
-        if w.data_segments:
-            hd["dseg_addr"][j] = w.data_segments[0][2]
-        hd["valid"][j] = True

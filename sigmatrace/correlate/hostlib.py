@@ -247,5 +247,120 @@ def op_parts(tables, peers, src_ucx, src_ofi):
                 else t["bytes"].astype(np.int64), raddr=np.asarray(raddr, np.uint64), rkey=np.zeros(n, np.uint32),
                 wr_id=np.full(n, -1, np.int64), num_wr=np.ones(n, np.int32), doorbell_id=np.full(n, -1, np.int32),
                 wqe_id=np.full(n, -1, np.int32), signaled=np.zeros(n, bool), gpu=np.full(n, -1, np.int32),
-                dst_proc=dst))
+                dst_proc=dst, ep=ep))
     return parts
+
+
+# ---- F25: a UCP operation -> the WQEs beneath it ------------------------------------------------------------
+# The classes of WQE each kind of UCP call produces (mlx5 opcodes, ref §1.2).
+_WRITE_W, _READ_W, _SEND_W, _ATOMIC_W = (0x08, 0x09), (0x10,), (0x0A, 0x0B, 0x01), (0x11, 0x12, 0x14, 0x15)
+_CLASS_OF_UCP = {0x08: _WRITE_W, 0x10: _READ_W, 0x0A: _SEND_W, ATOMIC_FA: _ATOMIC_W, ATOMIC_CS: _ATOMIC_W}
+SEND_HEADER_MAX = 256       # eager protocol headers a SEND may carry beyond the user's bytes (UCT AM + UCP tag)
+
+
+def link_parents(ops, src_ucx, wqe_sources, qp_remote, qp_process):
+    """parent op id (-1: none) of every op: a WQE op (doorbell / verbs_wr) gets the UCP op that produced it.
+
+    The rule (docs/report.md, "UCP operations and their WQEs"): an endpoint's QPs are the connected QPs of its
+    process whose remote QP lies in the endpoint's peer process (only when that process has one endpoint to that
+    peer: otherwise the relation is ambiguous and nothing is linked).  Per endpoint and class of work (puts ->
+    RDMA_WRITE(_IMM), gets -> RDMA_READ, atomics -> atomic WQEs, tag/stream/AM sends -> SEND(_IMM/_INV)), the UCP
+    calls in call order take the WQEs of their class on those QPs in posting order (doorbell time, then QP and
+    WQE order), skipping WQEs rung before the call began:
+      * put / get: consecutive WQEs whose bytes add up to exactly the call's bytes (else the call stays unlinked
+        and its candidates stay free);
+      * atomic: one WQE;
+      * send: one SEND carrying at least the call's bytes and at most SEND_HEADER_MAX more (eager: UCT AM + UCP
+        headers); else consecutive SENDs of equal size (fragments) whose sum covers the bytes within the headers
+        of each; else one smaller SEND (a rendezvous RTS; the data then moves by the peer's RDMA READ, in the peer
+        process, not linked).
+    Returns (parent int64 array, stats dict)."""
+    n = len(ops["tsc"])
+    parent = np.full(n, -1, np.int64)
+    stats = dict(ucp_ops=0, linked=0, ambiguous_endpoints=0, no_qp=0)
+    src = np.asarray(ops["source"])
+    u = np.flatnonzero(src == src_ucx)
+    stats["ucp_ops"] = int(len(u))
+    if not len(u):
+        return parent, stats
+    proc = np.asarray(ops["process"], np.int64)
+    ep = np.asarray(ops["ep"], np.int64)
+    dst = np.asarray(ops["dst_proc"], np.int64)
+    tsc = np.asarray(ops["tsc"]).astype(np.uint64)
+    code = np.asarray(ops["opcode"], np.int64)
+    nbytes = np.asarray(ops["bytes"], np.int64)
+    qp = np.asarray(ops["qp_id"], np.int64)
+    w = np.flatnonzero(np.isin(src, list(wqe_sources)) & (qp >= 0))
+    qp_remote = np.asarray(qp_remote, np.int64)
+    qp_process = np.asarray(qp_process, np.int64)
+    # QP -> (its process, the remote QP's process)
+    w_rproc = np.where(qp_remote[qp[w]] >= 0, qp_process[np.maximum(qp_remote[qp[w]], 0)], -1) if len(w) else w
+    # endpoints per (process, peer process)
+    eps = {}
+    for p_, e_, d_ in zip(proc[u].tolist(), ep[u].tolist(), dst[u].tolist()):
+        eps.setdefault((p_, d_), set()).add(e_)
+    # WQE candidates per (process, peer process, class), in posting order
+    cand = {}
+    if len(w):
+        order = np.lexsort((np.asarray(ops["wqe_id"], np.int64)[w], qp[w], tsc[w]))
+        w = w[order]
+        w_rproc = w_rproc[order]
+        for cls in (_WRITE_W, _READ_W, _SEND_W, _ATOMIC_W):
+            m = np.isin(code[w], cls) & (w_rproc >= 0)
+            ww, rp = w[m], w_rproc[m]
+            for key in set(zip(proc[ww].tolist(), rp.tolist())):
+                sel = ww[(proc[ww] == key[0]) & (rp == key[1])]
+                cand[(key[0], key[1], cls)] = sel
+    taken = np.zeros(n, bool)
+    uo = u[np.lexsort((u, tsc[u]))]
+    ptr = {}
+    for i in uo.tolist():
+        key_pe = (int(proc[i]), int(dst[i]))
+        if key_pe[1] < 0:
+            stats["no_qp"] += 1
+            continue
+        if len(eps.get(key_pe, ())) != 1:
+            stats["ambiguous_endpoints"] += 1
+            continue
+        cls = _CLASS_OF_UCP.get(int(code[i]))
+        c = cand.get((key_pe[0], key_pe[1], cls)) if cls else None
+        if c is None or not len(c):
+            stats["no_qp"] += 1
+            continue
+        j = ptr.get((key_pe, cls), 0)
+        while j < len(c) and (taken[c[j]] or tsc[c[j]] < tsc[i]):
+            j += 1
+        if j >= len(c):
+            continue
+        b = int(nbytes[i])
+        got = _take(c, j, nbytes, b, cls)
+        if got:
+            parent[c[j:j + got]] = i
+            taken[c[j:j + got]] = True
+            ptr[(key_pe, cls)] = j + got
+            stats["linked"] += 1
+    return parent, stats
+
+
+def _take(c, j, nbytes, b, cls):
+    """How many WQEs from c[j] the call of b bytes produced (0: none fits)."""
+    wb = nbytes[c[j:]]
+    if cls in (_WRITE_W, _READ_W):
+        cs = np.cumsum(wb)
+        k = int(np.searchsorted(cs, b))
+        return k + 1 if k < len(cs) and cs[k] == b else 0
+    if cls == _ATOMIC_W:
+        return 1
+    first = int(wb[0])
+    if b <= first <= b + SEND_HEADER_MAX:
+        return 1                      # eager, one SEND
+    if first < b:
+        cs = 0
+        for k in range(len(wb)):
+            if k and int(wb[k]) > first:
+                break
+            cs += int(wb[k])
+            if cs >= b:
+                return k + 1 if cs - b <= SEND_HEADER_MAX * (k + 1) else 1
+        return 1                      # a rendezvous RTS (or a lone fragment)
+    return 0

@@ -91,14 +91,16 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records) -> dict:
     ops_parts += hostlib.op_parts(hl, peers, SRC_UCX, SRC_OFI)
     del hl
     cols = ("source", "process", "thread", "qp_id", "tsc", "opcode", "bytes", "raddr", "rkey", "wr_id", "num_wr",
-            "doorbell_id", "wqe_id", "signaled", "gpu", "dst_proc")
+            "doorbell_id", "wqe_id", "signaled", "gpu", "dst_proc", "ep")
     # narrow base columns (the output dtypes are restored per row range in RowTable)
     base_dt = dict(source=np.int8, process=np.int32, thread=np.int32, qp_id=np.int32, tsc=np.uint64, opcode=np.int16,
                    bytes=np.int64, raddr=np.uint64, rkey=np.uint32, wr_id=np.int64, num_wr=np.int32,
-                   doorbell_id=np.int32, wqe_id=np.int32, signaled=bool, gpu=np.int32, dst_proc=np.int32)
+                   doorbell_id=np.int32, wqe_id=np.int32, signaled=bool, gpu=np.int32, dst_proc=np.int32, ep=np.int64)
     for p_ in ops_parts:
         if "dst_proc" not in p_:      # QP-based ops: the peer comes from the QP topology
             p_["dst_proc"] = np.broadcast_to(np.int32(-1), (len(p_["tsc"]),))
+        if "ep" not in p_:            # only UCX calls name an endpoint (the UCP -> WQE link, F25)
+            p_["ep"] = np.broadcast_to(np.int64(-1), (len(p_["tsc"]),))
     if len(ops_parts) == 1:
         ops = {c: np.asarray(ops_parts[0][c]).astype(base_dt[c], copy=False) for c in cols}
     elif ops_parts:
@@ -107,6 +109,11 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records) -> dict:
     else:
         ops = {c: np.zeros(0, base_dt[c]) for c in cols}
     del ops_parts, swr, ps, wrc, s_qp
+    # F25: each WQE op's UCP op (hostlib.link_parents); the endpoint ids are not kept
+    ops["parent"], out.stats["ucp_wqe_link"] = hostlib.link_parents(ops, SRC_UCX, (SRC_DOORBELL, SRC_VERBS),
+                                                                   topo.remote, topo.process)
+    ops["parent"] = ops["parent"].astype(np.int32)
+    del ops["ep"]
     return ops
 
 
@@ -313,6 +320,8 @@ def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns):
             r["peer_ns"] = c_ns_at(o_peer[sel])
         if "peer_completion" in want:
             r["peer_completion"] = o_peer[sel].astype(np.int64)
+        if "parent_op_id" in want:
+            r["parent_op_id"] = ops["parent"][sel].astype(np.int64)
         if "completion" in want:
             r["completion"] = o_compl[sel].astype(np.int64)
         return {k: r[k] for k in names}

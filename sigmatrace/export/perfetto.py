@@ -308,6 +308,8 @@ def _emit_chunk(arg):
         coll_flow = S.get("coll_flow")
         thread_uuid, proc_uuid = S["thread_uuid"], S["proc_uuid"]
         flow_base = 1 << 40
+        child_base = 2 << 40          # F25: a UCP call -> each WQE it produced (flow id: base + the WQE op's id)
+        kids, drawn_set = S["kids"], S["drawn_set"]
         for i in range(lo, hi):
             q = int(ops["qp_id"][i])
             if q >= 0:
@@ -336,12 +338,19 @@ def _emit_chunk(arg):
                 ann.append(("producer_index", int(D["producer_index"][ops["doorbell_id"][i]])))
             if ops["latency_ns"][i] != NULL_SENTINEL:     # known: the op's own completion was recorded
                 ann.append(("latency_ns", int(ops["latency_ns"][i])))
+            oid = int(drawn[i])
+            fl = ([fid] if matched else []) + [child_base + c for c in kids.get(oid, ())]
+            par = int(ops["parent_op_id"][i]) if "parent_op_id" in ops else -1
+            if par >= 0:
+                ann.append(("parent_op_id", par))
             cf = int(coll_flow[i]) if coll_flow is not None else 0
             if cf:
                 ann.append(("collective_unit", int(ops["collective_unit"][i])))
                 st["flows"] += 1
+            term = ([child_base + oid] if par >= 0 and par in drawn_set else []) + ([cf] if cf else [])
             out.ev(ops["ns"][i], u, P.TrackEvent.TYPE_INSTANT, str(ops["opcode_name"][i]), cat="op", ann=ann,
-                   flows=[fid] if matched else None, term=[cf] if cf else None)
+                   flows=fl or None, term=term or None)
+            st["flows"] += len(fl) - (1 if matched else 0)
             st["instants"] += 1
             if matched and dst_u is not None:
                 t_dst = ops["peer_ns"][i] if ops["peer_ns"][i] >= 0 else (
@@ -549,10 +558,18 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
     coll_flow = _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats)
     jobs = [(kind, lo, min(lo + _CHUNK, n)) for kind, n in (("host", len(hs)), ("doorbells", len(dbs)),
                                                             ("ops", len(drawn))) for lo in range(0, n, _CHUNK)]
+    # F25: UCP call -> its WQEs (both drawn): the call's instant starts a flow to each
+    kids, drawn_set = {}, set()
+    if "parent_op_id" in ops and len(drawn):
+        drawn_set = set(np.asarray(drawn).tolist())
+        par = np.asarray(ops["parent_op_id"], np.int64)
+        for c, p_ in zip(np.asarray(drawn)[par >= 0].tolist(), par[par >= 0].tolist()):
+            if p_ in drawn_set:
+                kids.setdefault(p_, []).append(c)
     flush()
     global _EMIT
-    _EMIT = dict(ev_t=ev_t, dur=dur, names=names, hs=hs, D=D, dbs=dbs, ops=ops, drawn=drawn, labels=labels,
-                 coll_flow=coll_flow,
+    _EMIT = dict(kids=kids, drawn_set=drawn_set, ev_t=ev_t, dur=dur, names=names, hs=hs, D=D, dbs=dbs, ops=ops,
+                 drawn=drawn, labels=labels, coll_flow=coll_flow,
                  thread_uuid=thread_uuid, proc_uuid=proc_uuid, gpu_uuid=gpu_uuid, qp_uuid=qp_uuid)
     try:
         workers = int(getattr(corr, "workers", 1) or 1)

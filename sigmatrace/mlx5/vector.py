@@ -173,8 +173,10 @@ def decode_wqebbs(slots, *, first_index: int | None = None) -> np.ndarray:
     first_bc = np.where(n_dsegs > 0, gather32(dseg_pos), 0)
     inline = ((cls == _C_RDMA) | (cls == _C_SEND)) & (n_dsegs > 0) & ((first_bc & INLINE_SEG_FLAG) != 0)
     inline_len = np.where(inline, first_bc & INLINE_LENGTH_MASK, 0)
-    # an inline segment must fill the rest of the WQE exactly: align(len+4, 16) == n_dsegs*16
-    ok &= ~inline | ((inline_len + 4 + 15) // 16 == n_dsegs)
+    # an inline segment takes align(len+4, 16) bytes; pointer segments may follow it (UCX rc_mlx5 am_zcopy:
+    # the AM header inline, then the payload's data segments), which add their byte counts
+    inl_units = (inline_len + 4 + 15) // 16
+    ok &= ~inline | (inl_units <= n_dsegs)
     ok &= ~(inline & (opcode == Opcode.RDMA_READ))
     pointer = carries_data & ~inline
     # every pointer segment: sum the byte counts, reject inline flags inside a gather list
@@ -190,6 +192,18 @@ def decode_wqebbs(slots, *, first_index: int | None = None) -> np.ndarray:
             flagged = (bc & INLINE_SEG_FLAG) != 0
             if flagged.any():
                 ok[ptr_rows[sel][flagged]] = False
+    inl_extra = np.zeros(n, np.int64)
+    after = np.nonzero(inline & ok & (inl_units < n_dsegs))[0]
+    if after.size:                              # pointer segments after an inline one
+        nd = n_dsegs[after] - inl_units[after]
+        base = dseg_pos[after] + 16 * inl_units[after]
+        for j in range(int(nd.max())):
+            sel = nd > j
+            bc = gather32(base[sel] + 16 * j)
+            inl_extra[after[sel]] += bc & INLINE_LENGTH_MASK
+            flagged = (bc & INLINE_SEG_FLAG) != 0
+            if flagged.any():
+                ok[after[sel][flagged]] = False
     first_is_ptr = pointer & ok & (n_dsegs > 0)
     out["num_data_segments"] = np.where(ok & pointer, n_dsegs, 0)
     out["dseg_byte_count"] = np.where(first_is_ptr, first_bc, 0)
@@ -213,7 +227,7 @@ def decode_wqebbs(slots, *, first_index: int | None = None) -> np.ndarray:
     out["atomic_swap_add"] = np.where(amo, np.where(four, a32_0, a64_0), 0)
     out["atomic_compare"] = np.where(amo & has_compare, np.where(four, a32_1, a64_1), 0)
 
-    total = np.where(inline, inline_len, total)
+    total = np.where(inline, inline_len + inl_extra, total)
     total = np.where(amo, atomic_size, total)
     out["total_bytes"] = np.where(ok, total, 0)
     out["is_head"] = is_head

@@ -209,11 +209,13 @@ def _decode_segments(wqe: WQE, body: bytes, datagram: bool) -> None:
             raise Mlx5DecodeError("RDMA_READ cannot carry inline data")
         length = _U32.unpack_from(body, pos)[0] & INLINE_LENGTH_MASK
         seg_size = -(-(INLINE_HDR_SIZE + length) // DS_UNIT) * DS_UNIT   # align(n+4, 16), ref §1.5
-        if pos + seg_size != end:
+        if pos + seg_size > end:
             raise Mlx5DecodeError(f"inline segment of {length} bytes needs {seg_size} bytes, "
                                   f"DS leaves {end - pos}")
         wqe.inline_data = body[pos + INLINE_HDR_SIZE:pos + INLINE_HDR_SIZE + length]
-        wqe.total_bytes = length
+        # pointer segments may follow (UCX rc_mlx5 am_zcopy: AM header inline, payload by pointer)
+        wqe.data_segments = _decode_pointer_segments(body, pos + seg_size, end)
+        wqe.total_bytes = length + sum(bc for bc, _, _ in wqe.data_segments)
         return
     wqe.data_segments = _decode_pointer_segments(body, pos, end)
     wqe.total_bytes = sum(bc for bc, _, _ in wqe.data_segments)

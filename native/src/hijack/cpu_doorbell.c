@@ -84,6 +84,7 @@ int hijack_watch_offset(struct page *pg, uint16_t off, uint32_t owner)
 		pg->offs[n] = want[w];
 		pg->owner[n] = owner;
 		pg->last[n] = 0;
+		pg->bfsz[n] = 0;
 		n++;
 	}
 	__atomic_store_n(&pg->noffs, n, __ATOMIC_RELEASE);
@@ -210,7 +211,17 @@ static int is_sharer(const struct page *pg, uint32_t qpn, uint16_t off)
  * real register, wrote it outside the hijack's reach).  The later value on a
  * shared proxy word hides the earlier one, so the poller catches the other
  * QPs of the word up from their doorbell records (poller.c). */
-void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
+/* Words off and its twin of pg are BlueFlame registers of bf_size bytes
+ * (capped at the 256 bytes of one half).  Under hijack_lock. */
+static void note_bf_size(struct page *pg, uint16_t off, uint32_t bf_size)
+{
+	uint16_t sz = (uint16_t)(bf_size > 0x100 ? 0x100 : bf_size & ~63u);
+	for (int k = 0; k < pg->noffs; k++)
+		if ((pg->offs[k] & ~0x100) == (off & ~0x100))
+			__atomic_store_n(&pg->bfsz[k], sz, __ATOMIC_RELEASE);
+}
+
+void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn, uint32_t bf_size)
 {
 	uintptr_t reg = (uintptr_t)reg_addr, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
 	uint16_t off = (uint16_t)(reg & (PAGE_SZ - 1));
@@ -239,6 +250,14 @@ void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn)
 			__atomic_add_fetch(&pg->sh_gen, 1, __ATOMIC_RELEASE);
 			out = pg->proxy + off;
 		}
+	}
+	if (out) {
+		pg = NULL;
+		for (int i = 0; i < MAX_PAGES && !pg; i++)
+			if (hijack_pages[i].live && hijack_pages[i].page == pgaddr)
+				pg = &hijack_pages[i];
+		if (pg)
+			note_bf_size(pg, off, bf_size);
 	}
 	pthread_mutex_unlock(&hijack_lock);
 	return out ? out : cpu_proxy_failed_for("verbs QP", qpn);

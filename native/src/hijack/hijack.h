@@ -44,9 +44,11 @@ void *st_hijack_cpu_uar_release(void *app_reg) ST_HIDDEN;
  * real page, or NULL (the QP keeps the real register: switch off, table full,
  * the page watched by the DevX/GPU path, or too many QPs sharing the word
  * with others; a word another QP rings is shared, see cpu_doorbell.c).
- * The caller registers the QP's SQ only when it gets a proxy. */
+ * The caller registers the QP's SQ only when it gets a proxy.  bf_size is
+ * mlx5dv's bf.size (0: no BlueFlame): the poller forwards a BlueFlame copy
+ * the writer made into the proxy register whole (up to bf_size bytes). */
 #define ST_HIJACK_VERBS_UAR_PAGE 0xFFFFFFFFu /* page_id recorded for such pages */
-void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn) ST_HIDDEN;
+void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn, uint32_t bf_size) ST_HIDDEN;
 /* ibv_close_device: stop the pollers of this context's verbs-QP proxy pages
  * (the real UAR pages go away with the context). */
 void st_hijack_cpu_release_ctx(void *ctx) ST_HIDDEN;

@@ -133,6 +133,7 @@ struct qpstate {
 	int rung;             /* pi and word hold the last doorbell forwarded */
 	int word;             /* where that came from (watched offset | 0x100 for the GPU proxy) */
 	uint64_t stale;       /* older doorbells seen after a newer one of another word (not forwarded) */
+	int bfmode;           /* BlueFlame words: +1 the writer copies WQEs (bf_post), -1 8-byte doorbells (db), 0 not known yet */
 };
 
 struct pend { /* one doorbell's copied range, waiting for its batch */
@@ -192,6 +193,8 @@ struct page {
 	void *ctx;                 /* the ibv_context it belongs to (verbs QPs: released at close) */
 	int verbs;                 /* proxies verbs QPs' BlueFlame registers (shared by QPs of ctx) */
 	uint32_t owner[MAX_WATCH]; /* verbs: the QPN that rings each watched word (0: DevX UAR, OWNER_FREE) */
+	uint16_t bfsz[MAX_WATCH];  /* verbs: BlueFlame register size of each watched word (mlx5dv bf.size; 0: doorbell only) */
+	uint64_t bf_forwarded, bf_db, bf_torn; /* poller: BlueFlame copies forwarded whole; 8-byte doorbells on a BF word; copies never completed */
 	/* verbs QPs on a word another QP owns (shared bfregs): their register is
 	 * proxied too, the poller is the only writer of the real word, and it
 	 * catches up from the sharers' doorbell records (under hijack_lock;

@@ -49,6 +49,95 @@ static inline void forward_doorbell(volatile uint64_t *real, uint64_t v)
 	mmio_flush_writes();
 }
 
+/* Forward a BlueFlame copy: the n bytes (a multiple of 64, up to bf.size)
+ * the writer stored into the proxy register, to the real register in the
+ * same 64-bit stores and order, inside a write-combining burst as rdma-core's
+ * mlx5_bf_copy and UCX's uct_ib_mlx5_bf_copy make it: mmio_wc_start before
+ * (every store to memory, the SQ and the doorbell record, ahead of it),
+ * mmio_flush_writes after (the burst leaves the write-combining buffer now,
+ * whole, and is never merged with the next doorbell's). */
+static inline void forward_bf(volatile uint64_t *real, const uint64_t *src, size_t n)
+{
+	mmio_wc_start();
+	for (size_t i = 0; i < n / 8; i++)
+		real[i] = src[i];
+	mmio_flush_writes();
+}
+
+/* Longest wait for a BlueFlame copy the writer has begun (its first 8 bytes
+ * seen) to be complete in the proxy register.  The writer stores the copy
+ * right after the ctrl word; a longer wait means it was preempted mid-copy. */
+#define BF_WAIT_NS 100000000ull
+/* How long the first doorbell of a QP on a BlueFlame word waits before the
+ * QP is taken for an 8-byte (db mode) writer. */
+#define BF_PROBE_NS 200000ull
+
+/* The WQE a doorbell value v announces, from QP s's SQ (host memory): nbb
+ * WQEBBs from the ctrl's wqe_index, wrapping the ring as the writer's copy
+ * does. */
+static void sq_wqe(const struct qpstate *s, uint16_t idx, unsigned nbb, uint64_t *out)
+{
+	uint32_t mask = (1u << s->log_sq) - 1;
+	racy_read_begin();
+	for (unsigned i = 0; i < nbb; i++)
+		memcpy((uint8_t *)out + i * 64, (const uint8_t *)s->sq + (size_t)((idx + i) & mask) * 64, 64);
+	racy_read_end();
+}
+
+/* Doorbell value v on BlueFlame word k (CPU proxy) of QP s: the number of
+ * bytes of a whole BlueFlame copy now in buf (then forwarded as such), or 0
+ * (an 8-byte doorbell: forward v alone).  A copy is whole when the proxy
+ * register's bytes equal the SQ's WQE at the ctrl's index for min(WQEBBs(DS),
+ * bf.size / 64) WQEBBs -- what every mlx5 writer copies, from the SQ.  A QP
+ * known to copy (bf_post) waits for the rest of its copy; one known to ring
+ * 8 bytes (db) is checked once; a QP's first doorbell decides which it is. */
+static size_t bf_capture(struct page *pg, int k, struct qpstate *s, uint64_t v, uint64_t *buf)
+{
+	uint8_t b[8];
+	memcpy(b, &v, 8);
+	unsigned ds = b[7] & 0x3f, nbb = (ds * 16 + 63) / 64, cap = pg->bfsz[k] / 64u;
+	if (!ds || !s || !s->have_sq || s->gpu || s->log_sq > 16)
+		return 0;
+	if (nbb > cap)
+		nbb = cap;
+	if (nbb > 1u << s->log_sq)
+		return 0;
+	uint64_t want[32];
+	sq_wqe(s, (uint16_t)((b[1] << 8) | b[2]), nbb, want);
+	size_t n = (size_t)nbb * 64;
+	if (want[0] != v)
+		return 0; /* the SQ slot is not this doorbell's WQE (DS-0 style, or reused): a doorbell */
+	const volatile uint64_t *p = (const volatile uint64_t *)(pg->proxy + pg->offs[k]);
+	uint64_t t0 = 0, limit = s->bfmode > 0 ? BF_WAIT_NS : s->bfmode < 0 ? 0 : BF_PROBE_NS;
+	for (unsigned spin = 0;; spin++) {
+		for (size_t i = 0; i < n / 8; i++)
+			buf[i] = p[i];
+		if (buf[0] != v)
+			return 0; /* rung again on this word meanwhile: the newer value comes with the next scan */
+		if (!memcmp(buf, want, n)) {
+			s->bfmode = 1;
+			pg->bf_forwarded++;
+			return n;
+		}
+		uint64_t now = st_now_ns();
+		if (!t0)
+			t0 = now;
+		if (now - t0 >= limit)
+			break;
+		if (spin & 63)
+			cpu_relax();
+		else
+			sched_yield(); /* the writer may need this core to finish its copy */
+	}
+	if (s->bfmode > 0)
+		pg->bf_torn++; /* a copy begun and not finished in time: its ctrl word alone (the NIC reads the SQ) */
+	else {
+		s->bfmode = -1;
+		pg->bf_db++;
+	}
+	return 0;
+}
+
 /* guarded mode: the uncopied span (WQEBBs) at which a doorbell waits for the copies */
 static inline uint32_t guard_wqebb(const struct qpstate *s)
 {
@@ -177,7 +266,12 @@ static void on_doorbell(struct page *pg, int k, int src, uint64_t v)
 			held = 1;
 		}
 	}
-	forward_doorbell(real, v);
+	uint64_t bfbuf[32];
+	size_t bfn = src == 0 && pg->verbs && __atomic_load_n(&pg->bfsz[k], __ATOMIC_ACQUIRE) >= 64 ? bf_capture(pg, k, s, v, bfbuf) : 0;
+	if (bfn)
+		forward_bf(real, bfbuf, bfn);
+	else
+		forward_doorbell(real, v);
 	/* record at the observation time */
 	struct st_event *e = st_reserve(1);
 	if (e) {
@@ -562,7 +656,7 @@ void *hijack_poller(void *arg)
 				lost += pg->qs[i].wqebb_lost;
 				wqes += pg->qs[i].wqe_ok;
 			}
-		char buf[512];
+		char buf[768];
 		struct st_json j;
 		st_json_init(&j, buf, sizeof buf);
 		st_json_open(&j, NULL, '{');
@@ -577,6 +671,9 @@ void *hijack_poller(void *arg)
 		st_json_uint(&j, "guard_waits", pg->guard_waits);
 		st_json_uint(&j, "stale_doorbells", pg->stale);
 		if (pg->verbs) {
+			st_json_uint(&j, "bf_copies_forwarded", pg->bf_forwarded);
+			st_json_uint(&j, "bf_doorbells_8b", pg->bf_db);
+			st_json_uint(&j, "bf_copies_torn", pg->bf_torn);
 			st_json_uint(&j, "dbr_recovered_doorbells", pg->dbr_recovered);
 			st_json_uint(&j, "dbr_duplicate_doorbells", pg->dbr_dups);
 		}

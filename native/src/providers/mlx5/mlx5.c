@@ -41,7 +41,7 @@ void st_hijack_forget_qp(uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
 void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void *ctx, uint32_t flags)
 	__attribute__((weak)) ST_HIDDEN;
 void *st_hijack_cpu_uar_release(void *app_reg) __attribute__((weak)) ST_HIDDEN;
-void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn) __attribute__((weak)) ST_HIDDEN;
+void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn, uint32_t bf_size) __attribute__((weak)) ST_HIDDEN;
 void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id) __attribute__((weak)) ST_HIDDEN;
 
 /* a verbs QP's SQ and doorbell record are host memory the hijack reads like a
@@ -216,7 +216,7 @@ static void *verbs_qp_doorbells(const struct ibv_qp *qp, struct mlx5dv_qp *dv)
 	    dv->sq.stride != 64 || !dv->sq.wqe_cnt || (dv->sq.wqe_cnt & (dv->sq.wqe_cnt - 1)) || !dv->dbrec ||
 	    addr_on_gpu(dv->sq.buf))
 		return NULL;
-	void *proxy = st_hijack_cpu_verbs_reg(dv->bf.reg, qp->context, qp->qp_num);
+	void *proxy = st_hijack_cpu_verbs_reg(dv->bf.reg, qp->context, qp->qp_num, dv->bf.size);
 	if (!proxy)
 		return NULL;
 	uint32_t qpn = qp->qp_num, log_sq = (uint32_t)__builtin_ctz(dv->sq.wqe_cnt);
