@@ -43,7 +43,8 @@ void __tsan_ignore_thread_end(void);
 #define EMU_MAX_SGE     16
 #define EMU_MAX_INLINE  512
 #define EMU_MAX_NODES   64
-#define EMU_MAX_PD      4096            /* PD numbers 1..EMU_MAX_PD-1 */
+#define EMU_MAX_PD      16384           /* PD numbers 1..EMU_MAX_PD-1 (the PRM pd field is 24 bits; the
+                                          * recorder test holds 7,000 PDs at once) */
 #define EMU_PKT_MAX     65536u          /* payload bytes per fabric packet */
 #define EMU_RING_BYTES  (8u << 20)      /* inbox ring size per node */
 #define EMU_OUTQ_LIMIT  (4u << 20)      /* requester back-pressure per peer */

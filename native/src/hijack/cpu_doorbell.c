@@ -84,7 +84,7 @@ int hijack_watch_offset(struct page *pg, uint16_t off, uint32_t owner)
 		pg->offs[n] = want[w];
 		pg->owner[n] = owner;
 		pg->last[n] = 0;
-		pg->bfsz[n] = 0;
+		__atomic_store_n(&pg->bfsz[n], 0, __ATOMIC_RELAXED);
 		n++;
 	}
 	__atomic_store_n(&pg->noffs, n, __ATOMIC_RELEASE);
@@ -216,8 +216,10 @@ static int is_sharer(const struct page *pg, uint32_t qpn, uint16_t off)
 static void note_bf_size(struct page *pg, uint16_t off, uint32_t bf_size)
 {
 	uint16_t sz = (uint16_t)(bf_size > 0x100 ? 0x100 : bf_size & ~63u);
-	for (int k = 0; k < pg->noffs; k++)
-		if ((pg->offs[k] & ~0x100) == (off & ~0x100))
+	/* the watch list is published to the poller with release stores: read it the same way */
+	int n = __atomic_load_n(&pg->noffs, __ATOMIC_ACQUIRE);
+	for (int k = 0; k < n; k++)
+		if ((__atomic_load_n(&pg->offs[k], __ATOMIC_RELAXED) & ~0x100) == (off & ~0x100))
 			__atomic_store_n(&pg->bfsz[k], sz, __ATOMIC_RELEASE);
 }
 

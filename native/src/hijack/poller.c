@@ -95,7 +95,7 @@ static size_t bf_capture(struct page *pg, int k, struct qpstate *s, uint64_t v, 
 {
 	uint8_t b[8];
 	memcpy(b, &v, 8);
-	unsigned ds = b[7] & 0x3f, nbb = (ds * 16 + 63) / 64, cap = pg->bfsz[k] / 64u;
+	unsigned ds = b[7] & 0x3f, nbb = (ds * 16 + 63) / 64, cap = __atomic_load_n(&pg->bfsz[k], __ATOMIC_ACQUIRE) / 64u;
 	if (!ds || !s || !s->have_sq || s->gpu || s->log_sq > 16)
 		return 0;
 	if (nbb > cap)

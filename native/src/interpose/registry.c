@@ -19,6 +19,9 @@ static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void st_hooks_register(const struct st_hook *hooks, unsigned n)
 {
+	static int guarded;
+	if (!__atomic_exchange_n(&guarded, 1, __ATOMIC_ACQ_REL))
+		st_fork_guard(&reg_lock, ST_FORK_RANK_HOOKS); /* a fork while a provider registers: no dead lock */
 	pthread_mutex_lock(&reg_lock);
 	if (ntables < MAX_TABLES) {
 		tables[ntables].hooks = hooks;
