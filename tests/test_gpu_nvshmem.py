@@ -101,7 +101,7 @@ def run_pes(binary, tmp, handler, traced, fabric):
                    NVSHMEM_IB_ENABLE_IBGDA="1", NVSHMEM_DISABLE_P2P="1", NVSHMEM_IBGDA_NIC_HANDLER=handler,
                    NVSHMEM_IBGDA_FORCE_NIC_BUF_MEMTYPE="hostmem", NVSHMEM_HCA_LIST="mlx5_0",
                    NVSHMEM_DISABLE_NVLS="1", NVSHMEM_DEBUG=os.environ.get("NVSHMEM_DEBUG", "WARN"),
-                   NVSHMEM_BOOTSTRAP="UID")
+                   NVSHMEM_BOOTSTRAP="UID", NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME="lo", NVSHMEM_DISABLE_NCCL="1")
         preload = []
         if handler == "gpu":
             preload.append(str(emu / "emu" / "libsigmatrace_emu_cudashim.so"))
@@ -134,7 +134,8 @@ def run_pes(binary, tmp, handler, traced, fabric):
     return outs, trace, nic
 
 
-@pytest.mark.parametrize("handler", ["cpu", "gpu"])
+# NVSHMEM 3.4.5 names the proxy (CPU) handler without GDRCopy "cpu_host_memory" ("cpu" requires GDRCopy)
+@pytest.mark.parametrize("handler", ["cpu_host_memory", "gpu"])
 def test_nvshmem_ibgda_traced(binary, tmp_path, handler):
     report = {"handler": handler}
     for traced in (False, True):

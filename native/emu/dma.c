@@ -47,11 +47,15 @@ static struct {
 	int (*htod_async)(uint64_t dst, const void *src, size_t n, void *stream);
 	int (*dtoh_async)(void *dst, uint64_t src, size_t n, void *stream);
 	int (*stream_sync)(void *stream);
+	int (*device_get)(int *dev, int ordinal);
+	int (*primary_ctx_retain)(void **ctx, int dev);
 	int loaded;       /* 1 resolved, -1 no driver in the process */
 } cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* cuda.h (CUDA 13.0 driver API) values */
 enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_MEMORYTYPE_DEVICE = 2,
+       CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
        CU_STREAM_NON_BLOCKING = 1 };
 
 static void *cu_sym(void *h, const char *name, int version)
@@ -84,6 +88,8 @@ static int cu_load(void)
 	cu.htod_async = cu_sym(h, "cuMemcpyHtoDAsync", 3020);
 	cu.dtoh_async = cu_sym(h, "cuMemcpyDtoHAsync", 3020);
 	cu.stream_sync = cu_sym(h, "cuStreamSynchronize", 2000);
+	cu.device_get = cu_sym(h, "cuDeviceGet", 2000);              /* optional: memory without a context */
+	cu.primary_ctx_retain = cu_sym(h, "cuDevicePrimaryCtxRetain", 7000);
 	cu.loaded = cu.pointer_get_attribute && cu.ctx_set_current && cu.ctx_get_current && cu.stream_create && cu.htod_async &&
 		    cu.dtoh_async && cu.stream_sync ? 1 : -1;
 	if (cu.loaded < 0)
@@ -120,7 +126,16 @@ EXPORT int emu_devmem_register(uint64_t addr, uint64_t len)
 	if (cu.pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr) != 0 || type != CU_MEMORYTYPE_DEVICE)
 		return 0;
 	void *ctx = NULL;
-	cu.pointer_get_attribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, addr);
+	if (cu.pointer_get_attribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, addr) != 0)
+		ctx = NULL;
+	if (!ctx && cu.device_get && cu.primary_ctx_retain) {
+		/* memory mapped with the virtual memory API (cuMemCreate/cuMemMap, as NVSHMEM's heap) belongs to no
+		 * context: the NIC copies through the device's primary context */
+		int ordinal = -1, dev = 0;
+		if (cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr) != 0 ||
+		    cu.device_get(&dev, ordinal) != 0 || cu.primary_ctx_retain(&ctx, dev) != 0)
+			ctx = NULL;
+	}
 	pthread_rwlock_wrlock(&g_dev_lock);
 	for (int i = 0; i < g_ndev; i++)
 		if (g_dev[i].base == addr && g_dev[i].len == len) {
@@ -197,23 +212,23 @@ static void *nic_stream(void *ctx)
 static int dev_copy(void *ctx, void *host, uint64_t dev, size_t n, int to_device)
 {
 	void *prev = NULL, *s;
-	int r = -1;
+	int r = -1, cr = -1;
 	if (cu.ctx_get_current(&prev) != 0)
 		prev = NULL;
 	if (!ctx)
 		ctx = prev; /* no context reported for the memory: the caller's */
 	if (prev == ctx || cu.ctx_set_current(ctx) == 0) {
 		if ((s = nic_stream(ctx)) &&
-		    (to_device ? cu.htod_async(dev, host, n, s) : cu.dtoh_async(host, dev, n, s)) == 0 &&
-		    cu.stream_sync(s) == 0)
+		    (cr = to_device ? cu.htod_async(dev, host, n, s) : cu.dtoh_async(host, dev, n, s)) == 0 &&
+		    (cr = cu.stream_sync(s)) == 0)
 			r = 0;
 		if (prev != ctx)
 			cu.ctx_set_current(prev);
 	}
 	if (r) {
 		__atomic_fetch_add(&g_dev_errors, 1, __ATOMIC_RELAXED);
-		EMU_ERR("DMA ERROR: CUDA copy of %zu bytes %s device address 0x%llx failed", n, to_device ? "to" : "from",
-			(unsigned long long)dev);
+		EMU_ERR("DMA ERROR: CUDA copy of %zu bytes %s device address 0x%llx failed (context %p, CUresult %d)", n,
+			to_device ? "to" : "from", (unsigned long long)dev, ctx, cr);
 	} else {
 		__atomic_fetch_add(&g_dev_copies, 1, __ATOMIC_RELAXED);
 	}
