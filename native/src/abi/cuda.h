@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-typedef int st_CUresult;
+typedef unsigned int st_CUresult; /* enum cudaError_enum: no negative values */
 typedef uint64_t st_CUdeviceptr;
 typedef void *st_CUcontext;
 typedef void *st_CUstream;
