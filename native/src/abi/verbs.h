@@ -13,7 +13,8 @@
  *
  * The layouts are stable ABI: rdma-core only appends to ibv_qp_ex / ibv_cq_ex (behind comp_mask)
  * and prepends to verbs_context, whose `sz` says how much of it a library fills
- * (verbs_get_ctx_op below).
+ * (verbs_get_ctx_op below).  (About 600 lines: every structure the tracer allocates, indexes or
+ * patches is declared whole, member by member, so that its size and each offset can be checked.)
  */
 #ifndef ST_ABI_VERBS_H
 #define ST_ABI_VERBS_H
