@@ -3,6 +3,7 @@ with the Python definition and reader.
 
 (a) A C program compiled against native/include prints sizeof/offsetof of
     every struct in layout.C_STRUCTS, every constant in layout.C_CONSTANTS and
+    layout.C_STRINGS (the PROCESS header's untraced-library key and reasons) and
     every (name, value) of the ST_EVENT_LIST X-macro; they must equal Python's.
 (b) native/tests/format_writer.c, linked with the recorder core sources,
     records a known sequence from several threads (EXT records, side records
@@ -79,13 +80,15 @@ def test_c_layout_matches_python(tmp_path):
     for const in ("ST_UMEM_F_GPU", "ST_UMEM_F_DMABUF", "ST_WQE_LOST_OVERWRITTEN", "ST_WQE_LOST_CORRUPT",
                   "ST_WQE_LOST_COPY_FAILED", "ST_WQE_LOST_RING_FULL", "ST_WQE_LOST_TRACE_DROPPED") + NCCL_CONSTANTS:
         lines.append(f'printf("C {const} %llu\\n", (unsigned long long)({const}));')
+    for const in L.C_STRINGS:
+        lines.append(f'printf("T {const} %s\\n", {const});')
     lines.append("return 0; }")
     src = tmp_path / "layout.c"
     src.write_text("\n".join(lines) + "\n")
     exe = _compile(tmp_path, "layout", [src])
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30, check=True).stdout
 
-    sizes, fields, consts, events = {}, {}, {}, {}
+    sizes, fields, consts, events, strings = {}, {}, {}, {}, {}
     for line in out.splitlines():
         tag, *rest = line.split()
         if tag == "S":
@@ -96,6 +99,8 @@ def test_c_layout_matches_python(tmp_path):
             consts[rest[0]] = int(rest[1])
         elif tag == "E":
             events[rest[0]] = int(rest[1])
+        elif tag == "T":
+            strings[rest[0]] = rest[1]
 
     for struct, dtype in L.C_STRUCTS.items():
         assert sizes[struct] == dtype.itemsize, struct
@@ -105,6 +110,7 @@ def test_c_layout_matches_python(tmp_path):
             assert fields[(struct, field)] == (off, size), f"{struct}.{field}"
     for const, value in L.C_CONSTANTS.items():
         assert consts[const] == value, const
+    assert strings == L.C_STRINGS
     assert consts["ST_UMEM_F_GPU"] == E.UMEM_F_GPU and consts["ST_UMEM_F_DMABUF"] == E.UMEM_F_DMABUF
     assert consts["ST_WQE_LOST_RING_FULL"] == E.WQE_LOST_RING_FULL
     assert consts["ST_WQE_LOST_OVERWRITTEN"] == E.WQE_LOST_OVERWRITTEN

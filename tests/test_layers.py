@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "sigmatrace"
 
 # lowest first; one rank per package (or top-level module)
 LAYERS = [
-    ("errors", "schema", "units", "_native"),
+    ("errors", "schema", "units", "_native", "progress"),
     ("format", "mlx5"),
     ("decode",),
     ("correlate",),

@@ -193,11 +193,10 @@ def collect():
     }
 
 
-# provider -> (library it traces, the Debian package whose headers the build needs)
-PROVIDER_NEEDS = {"ibv": ("libibverbs", "libibverbs-dev"), "mlx5": ("libmlx5", "libibverbs-dev"),
-                  "ucx": ("ucx (libucp)", "libucx-dev"), "ofi": ("libfabric", "libfabric-dev"),
-                  "cuda": ("cuda driver", "the CUDA headers (nvcc / cuda-toolkit)"),
-                  "nccl": ("nccl", "nothing (no NCCL headers needed): rebuild from this checkout")}
+# provider -> the library it traces.  Every provider is built on every machine (the tracer declares the ABI
+# pieces it needs itself, native/src/abi/): one missing from a build is an older build.
+PROVIDER_LIBRARY = {"ibv": "libibverbs", "mlx5": "libmlx5", "ucx": "ucx (libucp)", "ofi": "libfabric",
+                    "cuda": "cuda driver", "nccl": "nccl"}
 
 
 def advice(info):
@@ -207,15 +206,15 @@ def advice(info):
         out.append(("tracer library", "not built: run `bash .ci/install` (or `pip install .` in a virtual "
                                       "environment) from a checkout; set SIGMATRACE_LIB_DIR for a build elsewhere"))
     built = set((info["build"] or {}).get("providers", []))
-    for prov, (lib, pkg) in PROVIDER_NEEDS.items():
+    for prov, lib in PROVIDER_LIBRARY.items():
         if info["tracer_library"] and prov not in built:
             present = info["libraries"].get(lib)
-            out.append((f"{prov} provider", f"not built, so {lib} calls are not traced"
-                        + (f" although {present} is here" if present else "")
-                        + f": install {pkg} and rebuild (`bash .ci/install`)"))
+            out.append((f"{prov} provider", f"not in this build (built before every provider was built everywhere?), "
+                        f"so {lib} calls are not traced" + (f" although {present} is here" if present else "")
+                        + ": rebuild (`bash .ci/install`, or `pip install .`); no development headers are needed"))
     if not info["emulated_hca"]:
-        out.append(("emulated HCA", "not built (needs the rdma-core headers, libibverbs-dev): the verbs tests "
-                                    "and examples without an RDMA NIC need it"))
+        out.append(("emulated HCA", "not built (test-only; it alone needs the rdma-core headers, libibverbs-dev): "
+                                    "the verbs tests and examples without an RDMA NIC need it"))
     if not info["rdma_devices"]:
         emu = info["emulated_hca"]
         out.append(("RDMA devices", "none in /sys/class/infiniband: real traffic needs an mlx5 NIC; to try the "
@@ -251,6 +250,8 @@ def run(args):
     print(f"  tracer library : {info['tracer_library'] or 'NOT BUILT (pip install . builds it)'}")
     b = info["build"] or {}
     print(f"  built providers: {', '.join(b.get('providers', [])) or 'none'}")
+    for prov, what in (b.get("declarations") or {}).items():
+        print(f"    {prov:5s} against {what}")
     print(f"  emulated HCA   : {info['emulated_hca'] or 'not built'}")
     print("  libraries:")
     for what, path in info["libraries"].items():

@@ -27,6 +27,8 @@ def register(subparsers):
                    help="what-if: latency of the recovery copy in ns (default: the model's)")
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--strict", action="store_true", help="exit 1 when violations or predicted losses are found")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bars (shown on a terminal only: replay, decode and correlate, with totals)")
     p.set_defaults(func=run)
 
 
@@ -34,22 +36,26 @@ def run(args):
     from sigmatrace_sim.replay import analyse, format_report
 
     from ..errors import SigmatraceError, TraceFormatError
-    try:
-        cap, rep = analyse(args.capture, batch_threshold=args.batch_threshold, queue_depth=args.queue_depth,
-                           poller_wakeup_ns=args.poller_wakeup_ns, copy_latency_ns=args.copy_latency_ns)
-    except TraceFormatError as e:      # the report's rule: only a capture with nothing readable is an error
-        raise SigmatraceError(str(e)) from None
-    summary = None
-    try:
-        corr = importlib.import_module("sigmatrace.correlate")
-    except ModuleNotFoundError:
-        corr = None
-    if corr is not None and hasattr(corr, "correlate"):
+    from ..progress import Progress
+    with Progress(args.quiet) as progress:
         try:
-            result = corr.correlate(args.capture)
-            summary = _correlated_summary(result, cap)
-        except Exception as e:  # the correlator is optional here; report and fall back
-            print(f"sigmatrace replay: correlator failed ({e}); printing the capture summary", file=sys.stderr)
+            cap, rep = analyse(args.capture, batch_threshold=args.batch_threshold, queue_depth=args.queue_depth,
+                               poller_wakeup_ns=args.poller_wakeup_ns, copy_latency_ns=args.copy_latency_ns,
+                               progress=progress)
+        except TraceFormatError as e:      # the report's rule: only a capture with nothing readable is an error
+            raise SigmatraceError(str(e)) from None
+        summary = None
+        try:
+            corr = importlib.import_module("sigmatrace.correlate")
+        except ModuleNotFoundError:
+            corr = None
+        if corr is not None and hasattr(corr, "correlate"):
+            try:
+                result = corr.correlate(args.capture, progress=progress)
+                summary = _correlated_summary(result, cap)
+            except Exception as e:  # the correlator is optional here; report and fall back
+                progress.close()
+                print(f"sigmatrace replay: correlator failed ({e}); printing the capture summary", file=sys.stderr)
     if summary is None:
         summary = cap.summary()
     if args.json:

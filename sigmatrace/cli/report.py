@@ -164,6 +164,8 @@ def print_summary(s, out, file=None):
       + f" on {_n(len(s['nodes']), 'node')}, {_n(s['events'], 'event')}"
       + (f" over {_fmt_ns(tr[1] - tr[0], 4)}" + (f", from {_wall(t0)}" if wall else "") if tr else "")
       + (" (times below: since this start)" if tr else ""))
+    for e in s.get("untraced_libraries") or []:
+        p(f"  untraced: {e['notice']}")
     d = s["doorbells"]
     p(f"  {_n(s['operations'], 'operation')} ({s['operations_matched']:,} matched to their peer), "
       f"{_fmt_bytes(s['bytes_total'])}; " + (f"{_n(d['total'], 'doorbell')} ({d['recovered']:,} with all WQEs "
@@ -243,9 +245,13 @@ def run(args):
     except (OSError, MemoryError) as e:
         raise SigmatraceError(f"{type(e).__name__}: {e}") from None
     if args.json:
-        print(json.dumps({k: summary[k] for k in ("processes", "events", "operations", "bytes_total", "losses")}))
+        print(json.dumps({k: summary[k] for k in ("processes", "events", "operations", "bytes_total", "losses",
+                                                  "untraced_libraries")}))
     elif not args.quiet:
         print_summary(summary, out)
+    if args.json or args.quiet:    # never silent: a library the capture does not cover is said on stderr
+        for e in summary["untraced_libraries"]:
+            print(f"sigmatrace report: {e['notice']}", file=sys.stderr)
     return 0
 
 

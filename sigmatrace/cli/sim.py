@@ -33,6 +33,8 @@ def register(subparsers):
     p.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                    help="workload parameter, e.g. -p skew=1.5 -p scale=10 -p size=134217728 -p iters=5")
     p.add_argument("--json", action="store_true", help="print the ground-truth summary as JSON")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bars (shown on a terminal only: simulate and write, with their totals)")
     p.set_defaults(func=run)
 
 
@@ -72,8 +74,10 @@ def run(args):
         k, v = kv.split("=", 1)
         params[k.replace("-", "_")] = _value(v)
     _check_output(args.output)
+    from ..progress import Progress
     try:
-        res = run_workload(args.workload, args.output, **params)
+        with Progress(args.quiet) as progress:
+            res = run_workload(args.workload, args.output, progress=progress, **params)
     except WorkloadError as e:
         raise SigmatraceError(str(e)) from None
     except OSError as e:

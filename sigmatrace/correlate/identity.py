@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..format.reader import untraced_libraries
 from .util import lookup, pq_key
 
 
@@ -64,6 +65,8 @@ def processes_and_nodes(out, st, procs) -> Nodes:
         out.warnings.append(f"rank {int(r)} appears in {len(who)} processes ({', '.join(sorted(set(who)))}); "
                             f"kept apart by process uid")
     ranks[ranks < 0] = -1
+    # libraries loaded but not traced (provider disabled or not built): the report says what to do
+    out.stats["untraced_libraries"] = untraced_libraries([_header(p) for p in procs])
     sizes = {int(_header(p).get("world_size") or 0) for p in procs}
     sizes.discard(0)
     if sizes:

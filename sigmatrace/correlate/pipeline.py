@@ -38,7 +38,8 @@ def correlate(capture, workers=None, clock_refine="auto", progress=None, refine_
 
     ``clock_refine``: "auto" (refine from matched operations when calibration
     pairs are missing, not PTP-disciplined, or disagree with them), "always",
-    "never".  ``progress``: optional callable(stage_name, n) for progress bars.
+    "never".  ``progress``: optional callable(stage, n, total, unit) (sigmatrace.progress): the decode stage
+    counts files, the correlate stage its CORRELATE_STEPS.
     ``batch_records``: records decoded at a time per worker (bounds memory); the
     events table is not held in memory: ``Correlated.tables["events"]`` loads on
     first access, ``tables.write_tables`` streams it in row groups.
@@ -48,6 +49,8 @@ def correlate(capture, workers=None, clock_refine="auto", progress=None, refine_
     out.workers = max(1, int(workers if workers is not None else (os.cpu_count() or 1)))
     paths = capture_files(capture)
     out.files = [str(p) for p in paths]
+    if progress:
+        progress("decode", 0, total=len(paths), unit="file")
     tick = (lambda n: progress("decode", n)) if progress else None
     memtrace("start")
     results = decode_all(paths, workers, tick, batch_records, warnings=out.warnings)
@@ -71,13 +74,20 @@ def correlate(capture, workers=None, clock_refine="auto", progress=None, refine_
     if not procs:
         raise TraceFormatError("no process data could be read from the capture", paths[0] if paths else None)
     if progress:
-        progress("merge", 0)
+        progress("correlate", 0, total=CORRELATE_STEPS, unit="step")
     trim()
     st = EventStore(procs)
+    if progress:
+        progress("correlate", 1)           # merged
     out.stats["events"] = int(st.n)
     out.stats["processes"] = len(procs)
     _build(out, st, procs, clock_refine, refine_windows, progress)
+    if progress:
+        progress("correlate", 1)           # derived tables
     return out
+
+
+CORRELATE_STEPS = 4   # merge; identities, topology, doorbells, operations, matching; clocks; the event tables
 
 
 def _build(out, st, procs, clock_refine, refine_windows, progress):
@@ -118,7 +128,7 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     pairs = clock.matched_pairs(op_base, m, node_of, ranks, topo.remote, to_ns)
     memtrace("pairs built")
     if progress:
-        progress("clock", 0)
+        progress("correlate", 1)           # operations matched
     clock.refine_nodes(out, clocks, labels, pairs, clock_refine, refine_windows)
     trim()
     memtrace("refined")
@@ -143,7 +153,7 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     memtrace("op tables")
     # the events table: streamed from the capture on first use, on the final time base
     if progress:
-        progress("events", 0)
+        progress("correlate", 1)           # clocks refined
     out.procs = procs
     out.proc_node = node_of
     out._to_ns = to_ns

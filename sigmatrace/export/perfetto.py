@@ -34,6 +34,7 @@ import re
 import numpy as np
 
 from ..format import events as E
+from ..progress import QUIET
 from ..schema import NULL_SENTINEL
 from ..tables.host_events import host_events
 
@@ -435,7 +436,7 @@ def _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats):
     return coll_flow
 
 
-def write_perfetto(corr, path, max_events=500_000, bins=400):
+def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET):
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
 
     T = corr.tables
@@ -567,6 +568,7 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
             if p_ in drawn_set:
                 kids.setdefault(p_, []).append(c)
     flush()
+    progress("perfetto", 0, total=sum(hi - lo for _, lo, hi in jobs), unit="event")
     global _EMIT
     _EMIT = dict(kids=kids, drawn_set=drawn_set, ev_t=ev_t, dur=dur, names=names, hs=hs, D=D, dbs=dbs, ops=ops,
                  drawn=drawn, labels=labels, coll_flow=coll_flow,
@@ -578,16 +580,18 @@ def write_perfetto(corr, path, max_events=500_000, bins=400):
             from concurrent.futures import ProcessPoolExecutor
             with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("fork")) as ex:
                 done = ex.map(_emit_chunk, [(k, j) for k, j in enumerate(jobs)])
-                for data, st_ in done:
+                for (data, st_), j in zip(done, jobs):
                     f.write(data)
                     for k_, v_ in st_.items():
                         stats[k_] += v_
+                    progress("perfetto", j[2] - j[1])
         else:
             for k, j in enumerate(jobs):
                 data, st_ = _emit_chunk((k, j))
                 f.write(data)
                 for k_, v_ in st_.items():
                     stats[k_] += v_
+                progress("perfetto", j[2] - j[1])
     finally:
         _EMIT = None
     # bandwidth counters (from the scan: bytes per key and time bin)

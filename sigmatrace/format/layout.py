@@ -141,6 +141,18 @@ C_CONSTANTS = {
     "ST_CALIB_F_INVARIANT_TSC": CALIB_F_INVARIANT_TSC,
 }
 
+# PROCESS header key: libraries the process loaded whose provider was disabled or not built, a list of
+# {"library", "path", "provider", "reason"} (docs/format.md)
+HEADER_UNTRACED_LIBRARIES = "untraced_libraries"
+UNTRACED_DISABLED = "disabled"
+UNTRACED_NOT_BUILT = "not_built"
+# the string constants the conformance test compares with the C definition
+C_STRINGS = {
+    "ST_HEADER_UNTRACED_LIBRARIES": HEADER_UNTRACED_LIBRARIES,
+    "ST_UNTRACED_DISABLED": UNTRACED_DISABLED,
+    "ST_UNTRACED_NOT_BUILT": UNTRACED_NOT_BUILT,
+}
+
 
 def pad8(n: int) -> int:
     """Bytes needed to round n up to a multiple of 8."""

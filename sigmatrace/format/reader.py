@@ -151,6 +151,32 @@ class ProcessInfo:
     def pid(self):
         return (self.header or {}).get("pid")
 
+    @property
+    def untraced_libraries(self):
+        """Libraries this process loaded that the tracer did not trace (provider disabled or not built):
+        [{"library", "path", "provider", "reason"}] from the header (docs/format.md)."""
+        return header_untraced(self.header)
+
+
+def header_untraced(header):
+    """The ``untraced_libraries`` of one PROCESS header (docs/format.md): well-formed entries only."""
+    libs = (header or {}).get(L.HEADER_UNTRACED_LIBRARIES) or []
+    return [x for x in libs if isinstance(x, dict) and x.get("library")] if isinstance(libs, list) else []
+
+
+def untraced_libraries(headers):
+    """The libraries the processes of these PROCESS headers loaded untraced, one entry per (library, provider,
+    reason): {"library", "provider", "reason", "processes": [position in ``headers``, ...], "enabled": the
+    providers the first of them traced}, in order of first appearance."""
+    out = {}
+    for i, h in enumerate(headers):
+        for x in header_untraced(h):
+            key = (x["library"], x.get("provider"), x.get("reason"))
+            e = out.setdefault(key, {"library": key[0], "provider": key[1], "reason": key[2], "processes": [],
+                                     "enabled": (h or {}).get("providers")})   # the first process's selection
+            e["processes"].append(i)
+    return list(out.values())
+
 
 def _corrupt(path, offset, why):
     return TraceFormatError(why, path, offset)
@@ -468,6 +494,10 @@ class Capture:
                 vals = (vals >> np.asarray(lo, vals.dtype)) & np.asarray((1 << width) - 1, vals.dtype)
             cols[col] = vals
         return cols
+
+    def untraced_libraries(self):
+        """The libraries some process loaded untraced (``untraced_libraries`` of the processes)."""
+        return untraced_libraries([p.header for p in self.processes])
 
     def side_record(self, process_index, side_id):
         return self.processes[process_index].side.get(int(side_id))

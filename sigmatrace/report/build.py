@@ -15,37 +15,10 @@ from ..correlate import correlate
 from ..errors import SigmatraceError
 from ..export import write_perfetto
 from ..format.reader import capture_files
+from ..progress import QUIET, Progress
 from ..query import connect
-from ..tables import write_tables
+from ..tables import TABLES, write_tables
 from .summary import build_summary, write_summary
-
-
-class _Progress:
-    """tqdm bars on a terminal, nothing otherwise (or when quiet)."""
-
-    def __init__(self, quiet, total_files):
-        self.quiet = quiet or not sys.stderr.isatty()
-        self.bar = None
-        self.total = total_files
-        self.stage = None
-
-    def __call__(self, stage, n=0):
-        if self.quiet:
-            return
-        from tqdm import tqdm
-        if stage != self.stage:
-            if self.bar is not None:
-                self.bar.close()
-            self.stage = stage
-            self.bar = tqdm(total=self.total if stage == "decode" else None, desc=stage, unit="file" if stage == "decode" else "",
-                            leave=False, file=sys.stderr)
-        if n:
-            self.bar.update(n)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
 
 
 REPORT_MARKERS = ("summary.json", "tables", "trace.pftrace", "figures")
@@ -109,25 +82,30 @@ def _put_in_place(tmp: Path, out: Path):
 
 def _write_report(files, capture, out, workers, perfetto, figures, quiet, clock_refine, max_perfetto_events,
                   batch_records):
-    prog = _Progress(quiet, len(files))
+    with Progress(quiet) as prog:
+        return _write_report_stages(files, capture, out, workers, perfetto, figures, clock_refine,
+                                    max_perfetto_events, batch_records, prog)
+
+
+def _write_report_stages(files, capture, out, workers, perfetto, figures, clock_refine, max_perfetto_events,
+                         batch_records, prog):
+    """The report's stages, each shown by ``prog`` with its total: decode (files), correlate (steps), tables,
+    perfetto (events drawn), figures."""
     timings = {}
     t = time.perf_counter()
-    try:
-        kw = {"batch_records": batch_records} if batch_records else {}
-        corr = correlate(capture, workers=workers, clock_refine=clock_refine, progress=prog, **kw)
-    finally:
-        prog.close()
+    kw = {"batch_records": batch_records} if batch_records else {}
+    corr = correlate(capture, workers=workers, clock_refine=clock_refine, progress=prog, **kw)
     timings["correlate_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    write_tables(corr, out / "tables", progress=(lambda n: prog("tables", 1)) if not prog.quiet else None,
+    prog("tables", 0, total=sum(1 for n in TABLES if n in corr.tables), unit="table")
+    write_tables(corr, out / "tables", progress=lambda name: prog("tables", 1),
                  collect_host=max_perfetto_events if perfetto else None)
     prog.close()
     timings["tables_s"] = time.perf_counter() - t
     pstats = None
     if perfetto:
         t = time.perf_counter()
-        prog("perfetto", 0)
-        pstats = write_perfetto(corr, out / "trace.pftrace", max_events=max_perfetto_events)
+        pstats = write_perfetto(corr, out / "trace.pftrace", max_events=max_perfetto_events, progress=prog)
         prog.close()
         timings["perfetto_s"] = time.perf_counter() - t
         if pstats.get("truncated") and pstats.get("window_end_ns") is None:
@@ -147,16 +125,22 @@ def _write_report(files, capture, out, workers, perfetto, figures, quiet, clock_
     if figures:
         t = time.perf_counter()
         try:
-            _figures(con, out / "figures")
+            _figures(con, out / "figures", progress=prog)
         except Exception as e:  # figures are a convenience: never lose the report for them
             corr.warnings.append(f"figures not drawn: {e}")
+        prog.close()
         timings["figures_s"] = time.perf_counter() - t
     return corr, summary, timings
 
 
-def _figures(con, fig_dir, t0_ns=None):
+FIGURE_KINDS = 7   # node, rank, GPU matrices; GPU, node bandwidth; barriers; latency
+
+
+def _figures(con, fig_dir, t0_ns=None, progress=QUIET):
     """Every figure of the report (docs/report.md, "Figures"); times relative to ``t0_ns``, the capture's start
-    (summary.json's time_range_ns next to ``fig_dir`` when not given), like the terminal summary."""
+    (summary.json's time_range_ns next to ``fig_dir`` when not given), like the terminal summary.  ``progress``
+    counts the FIGURE_KINDS (drawn or, without data, skipped)."""
+    progress("figures", 0, total=FIGURE_KINDS, unit="figure")
     fig_dir.mkdir(parents=True, exist_ok=True)
     if t0_ns is None:
         import json
@@ -172,6 +156,7 @@ def _figures(con, fig_dir, t0_ns=None):
             written += A.heatmap(labels, m, str(fig_dir / f"matrix_{level}"),
                                  title=f"{dict(node='Node', rank='Rank', gpu='GPU')[level]}-level traffic "
                                        f"(bytes initiator → target)")
+        progress("figures", 1)
     span = con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0] or 0
     bin_ns = max(1000, int(span // 200) + 1)
     for level, key, what in (("gpu", "gpu", "GPU"), ("node", "node", "node")):
@@ -179,10 +164,13 @@ def _figures(con, fig_dir, t0_ns=None):
         if rows:
             written += A.bandwidth_figure(rows, key, "label", str(fig_dir / f"bandwidth_{level}"),
                                           f"Egress bandwidth per {what}", bin_ns=bin_ns, t0_ns=t0_ns, what=what)
+        progress("figures", 1)
     bars, arrivals = A.barrier_report(con)
     if arrivals:
         written += A.barrier_figure(arrivals, str(fig_dir / "barriers"), barriers=bars, t0_ns=t0_ns)
+    progress("figures", 1)
     lat = A.op_latency(con)
     if lat:
         written += A.latency_figure(lat, str(fig_dir / "latency"))
+    progress("figures", 1)
     return written

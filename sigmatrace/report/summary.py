@@ -9,6 +9,7 @@ import numpy as np
 
 from ..analysis import comm_matrix, op_latency, skew
 from ..correlate.collectives import KINDS
+from ..format import layout as L
 from ..mlx5.verbs import OPCODE_VOCAB
 from ..query import connect, named_queries
 
@@ -108,8 +109,24 @@ def build_summary(corr, con=None, perfetto_stats=None):
     s["latency"] = [{k: v for k, v in g.items() if k != "hist"} for g in op_latency(con, hist=False)]
     if perfetto_stats:
         s["perfetto"] = perfetto_stats
+    s["untraced_libraries"] = [dict(e, notice=untraced_notice(e)) for e in corr.stats.get("untraced_libraries", [])]
     s["warnings"] = list(corr.warnings)
     return _clean(s)
+
+
+def untraced_notice(e):
+    """One line: which library some processes loaded untraced (format.reader.untraced_libraries), and what to
+    do about it."""
+    n = len(e["processes"])
+    who = "1 process" if n == 1 else f"{n} processes"
+    lib, prov = e["library"], e.get("provider") or "?"
+    if e.get("reason") == L.UNTRACED_NOT_BUILT:
+        return (f"{lib} was loaded by {who} but the tracer was built without the {prov} provider: its calls are not "
+                f"in this trace; rebuild the tracer (pip install ., or bash .ci/install) and trace again")
+    on = e.get("enabled")
+    sel = f"--providers {','.join(on) if on else 'none'}" if isinstance(on, list) else "--providers"
+    return (f"{lib} was loaded by {who} but the {prov} provider was disabled ({sel}): its calls are not in "
+            f"this trace; trace again with {prov} in --providers (or --providers all)")
 
 
 def _collectives(con, T):

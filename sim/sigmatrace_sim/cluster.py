@@ -13,6 +13,7 @@ import simpy
 
 from sigmatrace.format import events as E
 from sigmatrace.mlx5 import prm as P
+from sigmatrace.progress import QUIET
 
 from .capture import GroundTruth, ProcessRecorder, T, save_npz
 from .clock import make_clocks, JOB_EPOCH_NS
@@ -48,6 +49,9 @@ class SimResult:
     meta: dict = field(default_factory=dict)
 
 
+PROGRESS = [QUIET]   # the running command's sigmatrace.progress.Progress (set by workloads.run)
+
+
 class Cluster:
     """nodes x gpus_per_node PEs; GPU g of a node uses NIC g % nics_per_node."""
 
@@ -55,6 +59,8 @@ class Cluster:
                  timing=None, tracer=None, start_index=0, launcher="mpirun", clock_drift_ppm=20.0,
                  ptp_error_ns=150.0):
         self.workload = workload
+        self.progress = PROGRESS[0]    # the command's (workloads.run): the simulate and write stages
+        self._expected = False
         self.seed = int(seed)
         self.rng = np.random.default_rng(self.seed)
         self.env = simpy.Environment()
@@ -324,7 +330,20 @@ class Cluster:
             yield from kernel(*args)
         return self.env.process(start())
 
+    # -- progress: a workload says what it will do (expect) and counts it (advance); without that, the
+    # kernels it launched are counted as they finish --------------------------------------------------
+    def expect(self, total, unit):
+        self._expected = True
+        self.progress("simulate", 0, total=int(total), unit=unit)
+
+    def advance(self, n=1):
+        self.progress("simulate", n)
+
     def run(self, procs):
+        if not self._expected:
+            self.expect(len(procs), "kernel")
+            for p in procs:
+                p.callbacks.append(lambda _ev: self.advance())
         done = simpy.AllOf(self.env, procs)
         self.env.run(until=done)
         # let the last completions and forwards drain
@@ -344,9 +363,11 @@ class Cluster:
     def write(self, output, t_end, extra_meta):
         total = 0
         os.makedirs(os.path.dirname(os.path.abspath(output)) or ".", exist_ok=True)
+        self.progress("write", 0, total=len(self.recorders) + 1, unit="file")   # process files, then the truth
         with open(output, "wb") as f:     # process files, one after the other (capture.bin)
             for rec in self.recorders:
                 total += rec.write(f, {"reason": "exit", "dropped_events": 0, "lost_wqebb": 0})
+                self.progress("write", 1)
             nbytes = f.tell()
         npz, js = truth_paths(output)
         w, d, b = self.truth.arrays(self.qps)
@@ -361,6 +382,8 @@ class Cluster:
         meta.update(extra_meta)
         with open(js, "w") as f:
             json.dump(meta, f, indent=1, sort_keys=True, default=_json_default)
+        self.progress("write", 1)
+        self.progress.close()
         return SimResult(str(output), npz, js, total, nbytes, meta)
 
     def truth_meta(self, w, d, t_end):

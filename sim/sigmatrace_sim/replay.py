@@ -28,6 +28,7 @@ import numpy as np
 from sigmatrace.errors import TraceFormatError
 from sigmatrace.format import read_capture
 from sigmatrace.mlx5 import parse_create_qp, parse_wqe
+from sigmatrace.progress import QUIET
 
 from .params import Timing
 
@@ -67,10 +68,11 @@ class QueueReplay:
         return delta, first
 
 
-def analyse(path, batch_threshold=None, queue_depth=None, poller_wakeup_ns=None, copy_latency_ns=None, timing=None):
+def analyse(path, batch_threshold=None, queue_depth=None, poller_wakeup_ns=None, copy_latency_ns=None, timing=None,
+            progress=QUIET):
     """(Capture, report).  Damaged input is read as the correlator reads it: corrupt spans and bad JSON
     chunks become warnings (``report["warnings"]``); a capture with no process data at all raises
-    TraceFormatError."""
+    TraceFormatError.  ``progress`` (sigmatrace.progress) counts the QPs replayed."""
     cap = read_capture(path, errors="recover")
     if not cap.processes:
         raise TraceFormatError("no process data could be read from the capture", path)
@@ -134,7 +136,9 @@ def analyse(path, batch_threshold=None, queue_depth=None, poller_wakeup_ns=None,
         wgroups[key] = ordered
 
     totals = defaultdict(float)
+    progress("replay", 0, total=len(groups), unit="QP")
     for (proc, qpn), idxs in sorted(groups.items()):
+        progress("replay", 1)
         report["qps"] += 1
         depth = depth_of.get((proc, qpn))
         qr = QueueReplay(depth)

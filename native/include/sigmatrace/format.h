@@ -115,6 +115,15 @@ struct st_aggregate {
 	uint64_t bytes;
 };
 
+/*
+ * PROCESS header key (docs/format.md): the libraries the process loaded that the tracer did not
+ * trace, because their provider was disabled or is not in this build.  A JSON array of
+ * {"library": soname, "path": loaded file, "provider": name, "reason": one of the two below}.
+ */
+#define ST_HEADER_UNTRACED_LIBRARIES "untraced_libraries"
+#define ST_UNTRACED_DISABLED         "disabled"  /* not in SIGMATRACE_PROVIDERS */
+#define ST_UNTRACED_NOT_BUILT        "not_built" /* this libsigmatrace.so has no such provider */
+
 #ifdef __cplusplus
 #define ST_STATIC_ASSERT static_assert
 #else

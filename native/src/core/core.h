@@ -256,6 +256,7 @@ static inline uint64_t st_side_json(const char *json, size_t len)
  * process.c). */
 void st_process_set_nics(const char *json_array) ST_HIDDEN;
 void st_process_set_gpus(const char *json_array) ST_HIDDEN;
+void st_process_set_untraced(const char *json_array) ST_HIDDEN; /* ST_HEADER_UNTRACED_LIBRARIES */
 
 /* ---- small JSON builder (json.c): never allocates ---------------------- */
 struct st_json {

@@ -34,6 +34,7 @@ static int (*real_execveat)(int, const char *, char *const[], char *const[], int
 
 static void at_exit(void)
 {
+	st_libraries_check(); /* a library loaded late and never called through a shim */
 	st_process_exit("exit");
 }
 
@@ -67,6 +68,7 @@ void st_init(void)
 
 __attribute__((destructor(101))) static void st_dtor(void)
 {
+	st_libraries_check();
 	st_process_exit("exit");
 }
 

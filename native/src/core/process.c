@@ -4,7 +4,8 @@
  * the TSC to wall time.
  *
  * Rank, launcher and host are read once at load time (st_writer_init); the
- * NIC and GPU lists arrive from providers while the program runs and mark
+ * NIC and GPU lists (and the libraries loaded but not traced,
+ * interpose/libraries.c) arrive while the program runs and mark
  * the header dirty, so the writer writes it again (the last PROCESS chunk of
  * a process_uid is the authoritative one).
  */
@@ -31,6 +32,7 @@ static char launcher[32];
 uint64_t st_start_realtime_ns;
 static char nics_json[16384] = "[]";
 static char gpus_json[16384] = "[]";
+static char untraced_json[4096] = "[]"; /* ST_HEADER_UNTRACED_LIBRARIES (interpose/libraries.c) */
 int st_header_dirty;
 pthread_mutex_t st_ident_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -112,6 +114,8 @@ static int build_process_header(struct st_json *j, int how)
 	st_json_raw(j, nics_json);
 	st_json_raw(j, ",\"gpus\":");
 	st_json_raw(j, gpus_json);
+	st_json_raw(j, ",\"" ST_HEADER_UNTRACED_LIBRARIES "\":");
+	st_json_raw(j, untraced_json);
 	pthread_mutex_unlock(&st_ident_lock);
 	j->need_comma = 1;
 	st_json_close(j, '}');
@@ -165,6 +169,11 @@ void st_process_set_nics(const char *json_array)
 void st_process_set_gpus(const char *json_array)
 {
 	set_list(gpus_json, sizeof(gpus_json), json_array);
+}
+
+void st_process_set_untraced(const char *json_array)
+{
+	set_list(untraced_json, sizeof(untraced_json), json_array);
 }
 
 void st_write_calibration(uint32_t point)

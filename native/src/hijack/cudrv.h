@@ -1,33 +1,13 @@
-/* The few CUDA driver types and entry points the tracer needs, declared here
- * so that the tracer builds without CUDA headers (values from cuda.h, see
- * reference §5.1).  The real functions come from the real libcuda.so.1 with
- * dlsym, never through our own wrappers. */
+/* The CUDA driver entry points the hijack calls (the types and constants: abi/cuda.h, so that
+ * the tracer builds without CUDA headers).  The real functions come from the real libcuda.so.1
+ * with dlsym, never through our own wrappers. */
 #ifndef ST_CUDRV_H
 #define ST_CUDRV_H
 #include <stddef.h>
 #include <stdint.h>
 
+#include "abi/cuda.h"
 #include "core/core.h"
-
-typedef int st_CUresult;
-typedef uint64_t st_CUdeviceptr;
-typedef void *st_CUcontext;
-typedef void *st_CUstream;
-typedef void *st_CUevent;
-
-#define ST_CUDA_SUCCESS 0
-#define ST_CUDA_ERROR_NOT_READY 600
-#define ST_CU_MEMHOSTREGISTER_PORTABLE 0x01u
-#define ST_CU_MEMHOSTREGISTER_DEVICEMAP 0x02u
-#define ST_CU_MEMHOSTREGISTER_IOMEMORY 0x04u
-#define ST_CU_STREAM_NON_BLOCKING 0x1u
-#define ST_CU_EVENT_DISABLE_TIMING 0x2u
-#define ST_CU_POINTER_ATTRIBUTE_CONTEXT 1
-#define ST_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
-#define ST_CU_POINTER_ATTRIBUTE_DEVICE_POINTER 3
-#define ST_CU_POINTER_ATTRIBUTE_HOST_POINTER 4
-#define ST_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
-#define ST_CU_MEMORYTYPE_DEVICE 2
 
 struct st_cudrv {
 	void *handle;

@@ -158,6 +158,8 @@ static void *inject(const struct st_hook *h, void *found, const char *version)
 			in_dlsym = 0;                                  \
 			return found;                                  \
 		}                                                      \
+		if (hook && st_initialized)                            \
+			st_libraries_check(); /* disabled: say so */  \
 	}                                                              \
 	return (real)(__VA_ARGS__)
 

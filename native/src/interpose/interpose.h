@@ -44,6 +44,13 @@ const struct st_hook *st_hook_find(const char *name) ST_HIDDEN;
 		st_hooks_register(table, sizeof(table) / sizeof(table[0]));        \
 	}
 
+/* The ST_PROV_* bits that registered hooks: the providers in this build. */
+unsigned st_hooks_providers(void) ST_HIDDEN;
+/* Notes the loaded libraries whose provider is disabled or not built (libraries.c): process header,
+ * one stderr line each, the trace file made to exist.  Cheap when nothing was loaded since the last
+ * call; any thread, not in a signal handler. */
+void st_libraries_check(void) ST_HIDDEN;
+
 /* Calls every hook's `real` slot (resolve.c, after an unload). */
 void st_hooks_each_real(void (*fn)(void **real)) ST_HIDDEN;
 

@@ -48,3 +48,12 @@ void st_hooks_each_real(void (*fn)(void **real))
 		for (unsigned i = 0; i < tables[t].n; i++)
 			fn(tables[t].hooks[i].real);
 }
+
+unsigned st_hooks_providers(void)
+{
+	unsigned bits = 0, nt = __atomic_load_n(&ntables, __ATOMIC_ACQUIRE);
+	for (unsigned t = 0; t < nt; t++)
+		for (unsigned i = 0; i < tables[t].n; i++)
+			bits |= tables[t].hooks[i].provider;
+	return bits;
+}

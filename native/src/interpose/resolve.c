@@ -138,6 +138,7 @@ void *st_resolve_slot(void **slot, const char *name)
 	void *p = st_resolve_real(name);
 	if (p)
 		st_real_slot_remember(slot);
+	st_libraries_check(); /* a shim's first call: its library may have been loaded since the last look */
 	return p;
 }
 

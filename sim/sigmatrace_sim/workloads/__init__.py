@@ -4,6 +4,8 @@ import gc
 import importlib
 import inspect
 
+from sigmatrace.progress import QUIET
+
 WORKLOADS = {
     "put": ("micro", {"op": "put"}),
     "get": ("micro", {"op": "get"}),
@@ -90,7 +92,9 @@ def validate(name, params):
     return out
 
 
-def run(name, output, **params):
+def run(name, output, progress=None, **params):
+    """Run workload ``name`` into ``output``.  ``progress``: a sigmatrace.progress.Progress that shows the
+    simulate and write stages with their totals (none: nothing shown)."""
     if name not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}")
     mod, fixed = WORKLOADS[name]
@@ -103,9 +107,13 @@ def run(name, output, **params):
     # with the run, not with the whole interpreter's heap as a full collection would.
     was = gc.isenabled()
     gc.disable()
+    from ..cluster import PROGRESS
+    PROGRESS[0] = progress or QUIET
     try:
         return module(name).run(output, **merged)
     finally:
+        PROGRESS[0].close()
+        PROGRESS[0] = QUIET
         if was:
             gc.enable()
             gc.collect(0)

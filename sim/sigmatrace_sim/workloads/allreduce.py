@@ -159,6 +159,7 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=None, size=1 << 20, iter
     total_events = 0
     truth_pairs = np.zeros((R, R), np.int64)
     counts = {}
+    c.progress("ranks", 0, total=R, unit="rank")     # closed form: each rank's records computed and written
     for r in range(R):
         pe = c.pes[r]
         n = pe.node
@@ -312,6 +313,7 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=None, size=1 << 20, iter
         w.calibration(clk.calibration(t_end, L.CALIB_END))
         w.end({"reason": "exit", "events": int(ev_count), "dropped_events": 0})
         total_events += ev_count
+        c.progress("ranks", 1)
     out.close()
     node_mat = truth_pairs.reshape(N, G, N, G).sum(axis=(1, 3))
     meta = {"format": "sigmatrace-sim-truth/1", "workload": "allreduce", "seed": seed, "mode": mode,
@@ -385,6 +387,7 @@ def run_simpy(output, nodes=4, gpus_per_node=4, nics_per_node=None, size=1 << 20
             rec.ev(1, t, ty, aux, obj, arg, ext=ext)
     # QPs (RC, connected) and their proxies
     procs = []
+    c.expect(len(conns) * n_steps * nslices, "slice")
     progress = {(ch, n): _Progress(env) for ch in range(C) for n in range(N)}
     t_start = 200000.0
     for cn in conns:
@@ -427,6 +430,7 @@ def run_simpy(output, nodes=4, gpus_per_node=4, nics_per_node=None, size=1 << 20
                     yield from px.post_send(wrs)
                     sent = px.qp.sq.resv_head
                     yield from px.poll_until(lambda q=px.qp, e=sent: q.sq.cons_idx >= e)
+                    c.advance()
 
         def receiver(px=recv, src=src, dst=dst, fifo=fifo, done_here=done_here, spe=spe, dpe=dpe):
             yield env.timeout(t_start - 2000.0)
@@ -448,11 +452,13 @@ def run_simpy(output, nodes=4, gpus_per_node=4, nics_per_node=None, size=1 << 20
     t_end = env.now
     c.drain(t_end)
     total_events = 0
+    c.progress("write", 0, total=R, unit="file")
     with open(output, "wb") as f:
         for r in range(R):
             rec = c.recorders[r]
             rec.calibration(t_end + 5000.0, L.CALIB_END)
             total_events += rec.write(f, {"reason": "exit", "dropped_events": 0})
+            c.progress("write", 1)
     counts = {}
     node_mat = truth_pairs.reshape(N, G, N, G).sum(axis=(1, 3))
     meta = {"format": "sigmatrace-sim-truth/1", "workload": "allreduce", "seed": seed, "mode": mode,

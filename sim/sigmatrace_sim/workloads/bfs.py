@@ -114,6 +114,8 @@ def run(output, scale=9, edgefactor=8, gpus=4, nodes=1, nics_per_node=1, blocks=
     level_frontier_sizes = []
     remote_ops = np.zeros((n_levels, P), np.int64)
 
+    c.expect(int(np.count_nonzero(dist >= 0)), "vertex")   # each reached vertex is expanded once
+
     def expand(pe, verts, level, won, local_next):
         """One thread block: local edges on the GPU, remote visits as batched ATOMIC_CS."""
         g = pe.rank
@@ -128,6 +130,7 @@ def run(output, scale=9, edgefactor=8, gpus=4, nodes=1, nics_per_node=1, blocks=
                         local_next.append(int(v))
                 else:
                     by_owner.setdefault(h, []).append(int(v))
+        c.advance(len(verts))
         if local_edges:
             yield env.timeout(local_edges * t.gpu_work_ns_per_edge)
         pending = []

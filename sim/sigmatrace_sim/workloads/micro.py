@@ -37,6 +37,8 @@ def run(output, op="put", iters=200, warmup=20, nodes=2, gpus_per_node=1, nics_p
     pe0, pe1 = c.pes[0], c.pes[1]
     lat = []
 
+    c.expect(warmup + iters, "iteration")
+
     def initiator():
         if op in ("put", "get", "atomic"):
             # post + quiet chain: one SimPy step when nothing can interleave (closed_form.py),
@@ -47,6 +49,7 @@ def run(output, op="put", iters=200, warmup=20, nodes=2, gpus_per_node=1, nics_p
             if plan is not None:
                 t_end, latency, commit = plan
                 commit()
+                c.advance(warmup + iters)
                 lat.extend(latency[warmup:].tolist())
                 yield env.timeout(t_end - env.now)
                 return
@@ -69,6 +72,7 @@ def run(output, op="put", iters=200, warmup=20, nodes=2, gpus_per_node=1, nics_p
                 raise ValueError(f"unknown op {op}")
             if it >= warmup:
                 lat.append(env.now - t0)
+            c.advance()
         if op == "pingpong":
             yield from pe0.quiet()
 

@@ -88,6 +88,8 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=1, skew=0.0, tokens=48, 
         for k0 in range(0, len(ops), 16):
             yield from pe.post(peer, ops[k0:k0 + 16])
 
+    c.expect(layers * P * 2 * (P - 1), "transfer")    # per layer, each GPU dispatches to and combines from each peer
+
     def kernel(pe):
         r = pe.rank
         expect = expect_c = 0          # the counters accumulate over layers
@@ -101,6 +103,7 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=1, skew=0.0, tokens=48, 
             for k in range(1, P):
                 d = (r + k) % P
                 yield from send_tokens(pe, d, int(R[r, d]), RECV_BUF, TAG_DISPATCH, DISPATCH_CNT, TAG_DISPATCH_SIG)
+                c.advance()
             # wait for the announced tokens (counts arrive with notify, data with the counter)
             for s in range(P):
                 if s != r:
@@ -115,6 +118,7 @@ def run(output, nodes=4, gpus_per_node=4, nics_per_node=1, skew=0.0, tokens=48, 
             for k in range(1, P):
                 s = (r - k) % P
                 yield from send_tokens(pe, s, int(R[s, r]), COMBINE_BUF, TAG_COMBINE, COMBINE_CNT, TAG_COMBINE_SIG)
+                c.advance()
             expect_c += int(sum(R[r, d] for d in range(P) if d != r))
             yield from pe.wait_until(pe.base + COMBINE_CNT, expect_c)
             yield from pe.quiet()

@@ -53,9 +53,13 @@ def run(output, posts=600, warmup_wqebb=65536 - 400, blocks=2, qp_depth=128, bat
                 ops.append(pe.put(1, off, 4096, tag=3, sges=sges))
         return ops
 
+    c.expect(warmup_wqebb + posts, "post")     # the warm-up fill in WQEBBs, then the recorded posts
+
     def block(b):
         while qp.sq.resv_head < c.start_index + warmup_wqebb:
+            before = qp.sq.resv_head
             yield from pe.post(1, make_ops())
+            c.advance(min(qp.sq.resv_head, c.start_index + warmup_wqebb) - before)
         if c.tracer.record_after_ns == float("inf"):
             c.tracer.record_after_ns = env.now + 20000.0   # enable recording (first block to get here)
             yield env.timeout(20000.0)
@@ -63,6 +67,7 @@ def run(output, posts=600, warmup_wqebb=65536 - 400, blocks=2, qp_depth=128, bat
             state["recorded_posts"] += 1
             pe.phase = 1
             yield from pe.post(1, make_ops())
+            c.advance()
         yield from pe.quiet()
 
     t_end = c.run([c.launch(block, b) for b in range(blocks)])

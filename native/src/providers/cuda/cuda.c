@@ -16,7 +16,7 @@
  * shims, real pointers and hook rows are generated from it, what each
  * records is a function here.
  *
- * No CUDA headers: the types and constants live in hijack/cudrv.h.
+ * No CUDA headers: the types and constants are declared in abi/cuda.h.
  */
 #include <string.h>
 
@@ -34,7 +34,6 @@ typedef st_CUdeviceptr CUdeviceptr;
 
 static uint64_t gpa_unwrapped; /* symbols we know but could not wrap (variant clash) */
 
-#define CUDA_ERROR_NOT_INITIALIZED 3
 /* the driver the program loaded (however it was loaded: interpose/resolve.c), else the one the
  * hijack opens */
 #define RESOLVE(var, name)                                                       \
@@ -239,7 +238,7 @@ static void after_gpa(const char *sym, void **pfn, int ver, uint64_t flags, CUre
 	{                                                                       \
 		RESOLVE(real_##name, #name);                                    \
 		if (!real_##name)                                               \
-			return CUDA_ERROR_NOT_INITIALIZED;                      \
+			return ST_CUDA_ERROR_NOT_INITIALIZED;                      \
 		translate;                                                      \
 		if (!on() || st_tls_depth)                                      \
 			return real_##name args;                                \
@@ -255,7 +254,7 @@ static void after_gpa(const char *sym, void **pfn, int ver, uint64_t flags, CUre
 	{                                                      \
 		RESOLVE(real_##name, #name);                   \
 		if (!real_##name)                              \
-			return CUDA_ERROR_NOT_INITIALIZED;     \
+			return ST_CUDA_ERROR_NOT_INITIALIZED;     \
 		CUresult ret = real_##name args;               \
 		record;                                        \
 		return ret;                                    \

@@ -402,7 +402,7 @@ VCTX_WRAPPER(struct ibv_qp, create_qp_ex, struct ibv_qp_init_attr_ex, st_ibv_qp_
 /* ibv_cq_ex_to_cq: the ibv_cq is the prefix of the ibv_cq_ex, so the id
  * matches the one poll_cq sees */
 VCTX_WRAPPER(struct ibv_cq_ex, create_cq_ex, struct ibv_cq_init_attr_ex,
-	     ST_RDMA_CREATED((struct ibv_cq *)ret, ST_EV_IBV_CREATE_CQ, (uint64_t)ret->cqe))
+	     ST_RDMA_CREATED((struct ibv_cq *)ret, ST_EV_IBV_CREATE_CQ, (uint64_t)((struct ibv_cq *)ret)->cqe))
 
 void st_ibv_patch_vctx(struct st_ibv_ctx *c, struct ibv_context *ctx)
 {

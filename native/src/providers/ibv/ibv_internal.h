@@ -22,7 +22,7 @@
 
 #include <pthread.h>
 
-#include <infiniband/verbs.h>
+#include "abi/verbs.h"
 
 #include "core/core.h"
 #include "interpose/interpose.h"

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <infiniband/mlx5dv.h>
+#include "abi/mlx5dv.h"
 
 #include "../ibv/rdma_shim.h"
 #include "sigmatrace/mlx5.h"

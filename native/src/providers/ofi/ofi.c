@@ -37,14 +37,7 @@
 #include <string.h>
 #include <stdlib.h>
 
-#include <rdma/fabric.h>
-#include <rdma/fi_atomic.h>
-#include <rdma/fi_cm.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
-#include <rdma/fi_eq.h>
-#include <rdma/fi_rma.h>
-#include <rdma/fi_tagged.h>
+#include "abi/fabric.h"
 
 #include "interpose/interpose.h"
 

@@ -26,7 +26,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <ucp/api/ucp.h>
+#include "abi/ucp.h"
 
 #include "interpose/interpose.h"
 
