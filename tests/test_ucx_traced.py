@@ -220,6 +220,16 @@ def test_ucp_perftest_traced_equals_the_nic(tmp_path, name, args, iters):
         if name == "tag_bw":
             assert len(over) == 1 and 0 < next(iter(over)) <= 64, over
         assert corr.stats["ucp_wqe_link"]["linked"] == len(u), corr.stats["ucp_wqe_link"]
+        # ... and drawn so in Perfetto: one flow from each UCP call's instant to each of its WQEs' instants
+        from perfetto_util import read_trace
+        from sigmatrace.export.perfetto import write_perfetto
+        write_perfetto(corr, tmp_path / "ucp.pftrace")
+        evs = [p.track_event for p in read_trace(tmp_path / "ucp.pftrace").packet if p.HasField("track_event")]
+        child = lambda f: (2 << 40) <= f < (3 << 40)          # noqa: E731 (the F25 flow ids, export/perfetto.py)
+        starts = sorted(f for e in evs for f in e.flow_ids if child(f))
+        ends = sorted(f for e in evs for f in e.terminating_flow_ids if child(f))
+        assert starts == ends == sorted((2 << 40) + int(k) for k in np.flatnonzero(par >= 0)), \
+            (len(starts), len(ends), int((par >= 0).sum()))
 
 
 # ---------------------------------------------------------------------------
