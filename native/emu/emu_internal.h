@@ -539,8 +539,8 @@ int emu_amo_parse(const uint8_t *w, uint32_t off, uint32_t ds, uint32_t opcode, 
 /* pd.c */
 struct emu_pd *emu_pd_of(struct ibv_pd *pd);         /* the protection domain (a parent domain's parent) */
 uint32_t emu_pd_num(struct ibv_pd *pd);             /* its PD number */
-int emu_pd_alive(struct emu_nic *nic, uint32_t pdn); /* NIC lock held */
-uint32_t emu_pd_alloc_num(struct emu_nic *nic);      /* NIC lock held; 0 when none is left */
+int emu_pd_alive(struct emu_nic *nic, uint32_t pdn); /* atomic: no lock needed */
+uint32_t emu_pd_alloc_num(struct emu_nic *nic);      /* atomic; 0 when none is left */
 void emu_pd_free_num(struct emu_nic *nic, uint32_t pdn);
 int emu_buf_alloc(struct emu_buf *b, struct ibv_pd *pd, size_t size, size_t align, uint64_t type);
 void emu_buf_free(struct emu_buf *b);
