@@ -252,7 +252,7 @@ EXPORT int emu_qp_modify_state(struct emu_qp *qp, int cur, int nw)
 EXPORT void emu_qp_apply_reset(struct emu_qp *qp)
 {
 	emu_qp_reset_nic_state(qp);
-	qp->sq_pi = qp->sq_tail = 0;
+	qp->sq_pi = qp->sq_tail = qp->sq_rung = 0;
 	qp->rq_pi = qp->rq_tail = 0;
 	qp->db_seen = 0;
 	for (int i = 0; i < EMU_BF_SNAPS; i++)

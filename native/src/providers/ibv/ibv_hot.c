@@ -27,7 +27,9 @@
  * were not and are not recorded.
  *
  * No allocation, no lock: a context lookup (one compare for the first
- * context), a walk of the WR chain, and 24-byte records.  What is shared
+ * context), a walk of the WR chain, and 24-byte records.  (One exception,
+ * finding 9: a post_send on a QP whose real BlueFlame register the hijack
+ * also forwards to holds that register's ring lock.)  What is shared
  * between wrappers is shared by macros that expand in place, so no wrapper
  * makes a call or a pointer hop more than before.
  */
@@ -71,22 +73,52 @@ static inline void wr_remote(const struct ibv_send_wr *wr, uint64_t *raddr, uint
 /* The start every post wrapper shares, expanded in place (no call, no
  * pointer beyond the provider's): find the provider's function in the
  * context entry; provider off: forward; on: stamp the application's call,
- * make it, keep errno, and see where the accepted WRs stop (*bad, on
- * failure). */
-#define POST_CALL(owner, slot, wr_type)                                                         \
+ * make it (`call`, with c in scope), keep errno, and see where the accepted
+ * WRs stop (*bad, on failure). */
+#define POST_CALL(owner, call, wr_type)                                                         \
 	struct st_ibv_ctx *c = st_ibv_ctx_find((owner)->context);                               \
 	if (unlikely(!c)) /* the context went away under us: nothing to call */                 \
 		return EINVAL;                                                                  \
 	if (!st_provider_on(ST_PROV_IBV))                                                       \
-		return c->slot(owner, wr, bad);                                                 \
+		return call;                                                                    \
 	uint64_t t0 = st_tsc();                                                                 \
-	int ret = c->slot(owner, wr, bad);                                                      \
+	int ret = call;                                                                         \
 	int saved = errno;                                                                      \
 	const wr_type *stop = (ret && bad) ? *bad : NULL
 
+/* rdma-core rings the QP's real BlueFlame register inside post_send; where the
+ * hijack's poller forwards to the same bfreg for a proxied QP, the post holds
+ * that bfreg's ring lock (finding 9, hijack.h), traced or not.  Other
+ * contexts pay one load. */
+static inline int rung_under_lock(uint32_t *lock, int ret)
+{
+	int saved = errno;
+	st_hijack_ring_leave(lock);
+	errno = saved;
+	return ret;
+}
+
+static inline uint32_t *qp_ring_lock(const struct st_ibv_ctx *c, const struct ibv_qp *qp)
+{
+	if (likely(!__atomic_load_n(&c->ring_locks, __ATOMIC_RELAXED)))
+		return NULL;
+	const struct st_ibv_qp *q = st_ibv_qp_find(qp->context, qp->qp_num);
+	return q ? __atomic_load_n(&q->ring_lock, __ATOMIC_ACQUIRE) : NULL;
+}
+
+static int post_send_ringing(const struct st_ibv_ctx *c, struct ibv_qp *qp, struct ibv_send_wr *wr,
+			     struct ibv_send_wr **bad)
+{
+	uint32_t *lock = qp_ring_lock(c, qp);
+	if (likely(!lock))
+		return c->post_send(qp, wr, bad);
+	st_hijack_ring_enter(lock);
+	return rung_under_lock(lock, c->post_send(qp, wr, bad));
+}
+
 static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
-	POST_CALL(qp, post_send, struct ibv_send_wr);
+	POST_CALL(qp, post_send_ringing(c, qp, wr, bad), struct ibv_send_wr);
 	uint32_t qpn = qp->qp_num;
 	if (st_aggregate()) {
 		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));
@@ -120,7 +152,7 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 
 static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-	POST_CALL(qp, post_recv, struct ibv_recv_wr);
+	POST_CALL(qp, c->post_recv(qp, wr, bad), struct ibv_recv_wr);
 	uint32_t qpn = qp->qp_num;
 	if (st_aggregate()) {
 		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));
@@ -149,7 +181,7 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 
 static int wrap_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-	POST_CALL(srq, post_srq_recv, struct ibv_recv_wr);
+	POST_CALL(srq, c->post_srq_recv(srq, wr, bad), struct ibv_recv_wr);
 	uint32_t id = st_obj_id(srq, NULL);
 	unsigned n = 0;
 	uint64_t total = 0;
@@ -356,7 +388,12 @@ static int x_wr_complete(struct ibv_qp_ex *qpx)
 	if (unlikely(!q))
 		return EINVAL;
 	uint64_t t0 = st_tsc();
+	uint32_t *lock = __atomic_load_n(&q->ring_lock, __ATOMIC_ACQUIRE); /* rings like post_send */
+	if (lock)
+		st_hijack_ring_enter(lock);
 	int ret = q->xops->wr_complete(qpx);
+	if (lock)
+		ret = rung_under_lock(lock, ret);
 	if (!st_provider_on(ST_PROV_IBV)) {
 		xwr_reset(q);
 		return ret;
