@@ -20,7 +20,6 @@
  *
  * stdout: "BFREG rounds=N", then "RESULT OK" (exit 0) or "RESULT FAIL ..." (exit 1; 2: set-up).
  */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,13 +87,9 @@ static void ring_write(struct dv_qp *a, uint32_t qpn, uint8_t *buf, const struct
 
 int main(int argc, char **argv)
 {
-	int rounds = 200;
-	static struct option opts[] = {{"rounds", required_argument, 0, 'r'}, {0, 0, 0, 0}};
-	for (int ch; (ch = getopt_long(argc, argv, "", opts, NULL)) != -1;)
-		if (ch == 'r')
-			rounds = atoi(optarg);
-		else
-			return 2;
+	if (argc != 1 && (argc != 3 || strcmp(argv[1], "--rounds")))
+		DIE(2, "usage: emu_bfreg_client [--rounds N]");
+	int rounds = argc == 3 ? atoi(argv[2]) : 200;
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	int ndev = 0;
 	struct ibv_device **list = ibv_get_device_list(&ndev);
