@@ -86,6 +86,31 @@ static inline void wr_remote(const struct ibv_send_wr *wr, uint64_t *raddr, uint
 	int saved = errno;                                                                      \
 	const wr_type *stop = (ret && bad) ? *bad : NULL
 
+/* After POST_CALL on a QP: the accepted WRs.  Aggregate mode: a counter per WR
+ * (opcode agg_opcode, of w), and the wrapper returns.  Else they are counted
+ * (n, total bytes) and the code given last runs for every one in full mode (w and its
+ * bytes in scope); the wrapper then records the call. */
+#define POST_WRS(wr_type, agg_ev, agg_opcode, ...)                                                   \
+	uint32_t qpn = qp->qp_num;                                                                   \
+	if (st_aggregate()) {                                                                        \
+		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));                    \
+		for (const wr_type *w = wr; w && w != stop; w = w->next)                             \
+			st_agg_add(agg_ev, agg_opcode, qpn, peer, sge_bytes(w->sg_list, w->num_sge)); \
+		errno = saved;                                                                       \
+		return ret;                                                                          \
+	}                                                                                            \
+	int full = st_full();                                                                        \
+	unsigned n = 0;                                                                              \
+	uint64_t total = 0;                                                                          \
+	for (const wr_type *w = wr; w && w != stop; w = w->next) {                                   \
+		uint32_t bytes = sge_bytes(w->sg_list, w->num_sge);                                  \
+		total += bytes;                                                                      \
+		n++;                                                                                 \
+		if (full) {                                                                          \
+			__VA_ARGS__;                                                                 \
+		}                                                                                    \
+	}
+
 /* rdma-core rings the QP's real BlueFlame register inside post_send; where the
  * hijack's poller forwards to the same bfreg for a proxied QP, the post holds
  * that bfreg's ring lock (finding 9, hijack.h), traced or not.  Other
@@ -119,31 +144,15 @@ static int post_send_ringing(const struct st_ibv_ctx *c, struct ibv_qp *qp, stru
 static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	POST_CALL(qp, post_send_ringing(c, qp, wr, bad), struct ibv_send_wr);
-	uint32_t qpn = qp->qp_num;
-	if (st_aggregate()) {
-		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));
-		for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next)
-			st_agg_add(ST_EV_IBV_SEND_WR, (uint16_t)w->opcode, qpn, peer, sge_bytes(w->sg_list, w->num_sge));
-		errno = saved;
-		return ret;
-	}
-	int full = st_full();
-	unsigned n = 0;
-	uint64_t total = 0;
-	for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next) {
-		uint32_t bytes = sge_bytes(w->sg_list, w->num_sge);
-		total += bytes;
-		n++;
-		if (full) {
-			uint64_t raddr;
-			uint32_t rkey;
-			wr_remote(w, &raddr, &rkey);
-			if (qp->qp_type == IBV_QPT_UD && !raddr)
-				raddr = w->wr.ud.remote_qpn;
-			st_ev_ext_at(t0, ST_EV_IBV_SEND_WR, (uint16_t)((w->opcode & 0xff) | ((w->send_flags & 0xff) << 8)),
-				     qpn, w->wr_id, raddr, (uint16_t)w->num_sge, rkey, bytes);
-		}
-	}
+	POST_WRS(struct ibv_send_wr, ST_EV_IBV_SEND_WR, (uint16_t)w->opcode, {
+		uint64_t raddr;
+		uint32_t rkey;
+		wr_remote(w, &raddr, &rkey);
+		if (qp->qp_type == IBV_QPT_UD && !raddr)
+			raddr = w->wr.ud.remote_qpn;
+		st_ev_ext_at(t0, ST_EV_IBV_SEND_WR, (uint16_t)((w->opcode & 0xff) | ((w->send_flags & 0xff) << 8)), qpn,
+			     w->wr_id, raddr, (uint16_t)w->num_sge, rkey, bytes);
+	});
 	st_ev_ext_at(t0, ST_EV_IBV_POST_SEND, (uint16_t)(n > 0xffff ? 0xffff : n), qpn, total,
 		     wr ? wr->wr_id : 0, wr ? (uint16_t)wr->opcode : 0, (uint32_t)ret, 0);
 	errno = saved;
@@ -153,26 +162,9 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	POST_CALL(qp, c->post_recv(qp, wr, bad), struct ibv_recv_wr);
-	uint32_t qpn = qp->qp_num;
-	if (st_aggregate()) {
-		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));
-		for (const struct ibv_recv_wr *w = wr; w && w != stop; w = w->next)
-			st_agg_add(ST_EV_IBV_RECV_WR, 0, qpn, peer, sge_bytes(w->sg_list, w->num_sge));
-		errno = saved;
-		return ret;
-	}
-	int full = st_full();
-	unsigned n = 0;
-	uint64_t total = 0;
-	for (const struct ibv_recv_wr *w = wr; w && w != stop; w = w->next) {
-		uint32_t bytes = sge_bytes(w->sg_list, w->num_sge);
-		total += bytes;
-		n++;
-		if (full)
-			st_ev_ext_at(t0, ST_EV_IBV_RECV_WR, (uint16_t)w->num_sge, qpn, w->wr_id,
-				     w->num_sge ? w->sg_list[0].addr : 0, 0, w->num_sge ? w->sg_list[0].lkey : 0,
-				     bytes);
-	}
+	POST_WRS(struct ibv_recv_wr, ST_EV_IBV_RECV_WR, 0,
+		 st_ev_ext_at(t0, ST_EV_IBV_RECV_WR, (uint16_t)w->num_sge, qpn, w->wr_id,
+			      w->num_sge ? w->sg_list[0].addr : 0, 0, w->num_sge ? w->sg_list[0].lkey : 0, bytes));
 	st_ev_ext_at(t0, ST_EV_IBV_POST_RECV, (uint16_t)(n > 0xffff ? 0xffff : n), qpn, total, wr ? wr->wr_id : 0, 0,
 		     (uint32_t)ret, 0);
 	errno = saved;
