@@ -556,6 +556,8 @@ uint32_t emu_pd_alloc_num(struct emu_nic *nic);      /* atomic; 0 when none is l
 void emu_pd_free_num(struct emu_nic *nic, uint32_t pdn);
 int emu_buf_alloc(struct emu_buf *b, struct ibv_pd *pd, size_t size, size_t align, uint64_t type);
 void emu_buf_free(struct emu_buf *b);
+uint8_t *emu_ring_alloc(struct emu_buf *ring, struct emu_buf *dbr, struct ibv_pd *pd, size_t bytes, uint64_t type);
+void emu_ring_free(struct emu_buf *ring, struct emu_buf *dbr, uint8_t *own);
 struct ibv_pd *emu_alloc_parent_domain(struct ibv_context *c, struct ibv_parent_domain_init_attr *a);
 
 /* dct.c: DC targets (verbs mlx5dv_create_qp DCT) */

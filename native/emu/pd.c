@@ -167,3 +167,32 @@ EXPORT void emu_buf_free(struct emu_buf *b)
 	}
 	b->ptr = NULL;
 }
+
+/* An object's ring of `bytes` (page-aligned) and its doorbell record: on a parent domain from its
+ * allocators (ring and dbr hold them; also when the allocator answers USE_DEFAULT), else the
+ * emulator's own ring (returned, ring and dbr left empty: the record is the object's own storage).
+ * The ring, or NULL (out of memory). */
+EXPORT uint8_t *emu_ring_alloc(struct emu_buf *ring, struct emu_buf *dbr, struct ibv_pd *pd, size_t bytes,
+			       uint64_t type)
+{
+	memset(ring, 0, sizeof *ring);
+	memset(dbr, 0, sizeof *dbr);
+	if (!pd || emu_pd_of(pd) == (struct emu_pd *)pd)
+		return aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+	if (emu_buf_alloc(ring, pd, bytes, 4096, type) || emu_buf_alloc(dbr, pd, ST_MLX5_DBR_SIZE, 8, MLX5DV_RES_TYPE_DBR)) {
+		emu_buf_free(ring);
+		return NULL;
+	}
+	return ring->ptr;
+}
+
+/* ... and back: own is the ring emu_ring_alloc returned. */
+EXPORT void emu_ring_free(struct emu_buf *ring, struct emu_buf *dbr, uint8_t *own)
+{
+	if (ring->ptr || dbr->ptr) {
+		emu_buf_free(ring);
+		emu_buf_free(dbr);
+	} else {
+		free(own);
+	}
+}
