@@ -14,6 +14,7 @@ because each recorded doorbell covers the whole range since the previous one.
 """
 import collections
 import glob
+import json
 import os
 import re
 import shutil
@@ -462,6 +463,51 @@ def test_shared_register_word_two_qps_ring_back_to_back(tmp_path):
     # the hidden doorbells were there and were caught up from the doorbell records (not passing by luck)
     assert sums[0]["dbr_recovered_doorbells"] > 0, sums[0]
     print(f"\n[shared word] {sums[0]}")
+
+
+BFREG_CLIENT = _native.find("emu_bfreg_client")
+
+
+def _nic_stats(d):
+    return [json.loads(p.read_text()) for p in sorted(d.glob("emu-stats.*.json"))]
+
+
+@pytest.mark.skipif(BFREG_CLIENT is None, reason="emu_bfreg_client not built (cmake --build build/dev)")
+def test_rdma_core_rung_qp_on_a_proxied_bfreg_never_torn(tmp_path):
+    """Issue 12 finding 9, the residual: QP A is rung by the program (init_obj, UCX rc_mlx5 style: proxied),
+    QP B by libibverbs itself (ibv_post_send) on the same register word (SIGMATRACE_EMU_BFREG=word); the
+    emulated libibverbs rings as rdma-core's mlx5 does (SIGMATRACE_EMU_BF_POST: a one-WQE post is a BlueFlame
+    copy, spread over 20 us so that it can be hit).  The program rings A and posts B at once, one after the
+    other; the poller forwards A's doorbell from its own thread, which used to land inside B's burst on the
+    real register (the emulated HCA counts such a copy: bf_torn; seen ~20 of 200 before the fix).  B's posts
+    now hold the bfreg's ring lock that the poller's forwards take: no torn copy, every WQE of both QPs
+    executed and A's recovered (a last round rings A alone, so that its last doorbell is the poller's to
+    forward before the teardown).  Run untraced first: the program alone never tears a copy."""
+    rounds = 200
+    fab = new_fabric()
+    env_nic = dict(SIGMATRACE_EMU_BFREG="word", SIGMATRACE_EMU_BF_POST="1", SIGMATRACE_EMU_BF_BURST_NS="20000")
+    try:
+        for traced in (False, True):
+            d = tmp_path / ("traced" if traced else "untraced")
+            (d / "trace").mkdir(parents=True)
+            env = emu_env(fab, 0x52, SIGMATRACE_EMU_STATS=str(d / "emu-stats.%p.json"), **env_nic)
+            if traced:
+                env.update(LD_PRELOAD=str(TRACER), SIGMATRACE_OUTPUT_DIR=str(d / "trace"), SIGMATRACE_MODE="full",
+                           SIGMATRACE_DROP_POLICY="block")
+            p = subprocess.run([str(BFREG_CLIENT), "--rounds", str(rounds)], env=env, capture_output=True, text=True,
+                               timeout=120)
+            assert p.returncode == 0 and f"BFREG rounds={rounds}" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+            (s,) = _nic_stats(d)
+            assert s["bf_posted"] == rounds and s["bf_torn"] == 0, (traced, s)
+            assert s["wqes_by_opcode"] == {"0x08": 2 * rounds + 1} and s["bf_mismatch"] == 0, (traced, s)
+    finally:
+        cleanup_fabric(fab)
+    cap = read_capture(sorted(glob.glob(str(d / "trace" / "*.trace"))))
+    t = cap.table("MLX5_DV_INIT_QP")
+    (a,) = {int(q) for q in t["qpn"]}
+    got, flags, lost = recovered_wqes(cap)
+    assert set(got) == {a} and len(got[a]) == rounds + 1 and not any(lost.values()), (len(got[a]), dict(lost))
+    assert cap.count_by_type()["IBV_POST_SEND"] == rounds
 
 
 @pytest.mark.parametrize("mode", ["guarded", "sync"])

@@ -124,9 +124,7 @@ EXPORT int mlx5dv_devx_general_cmd(struct ibv_context *ctx, const void *in, size
 		if (outlen < 12)
 			return cmd_status(out, outlen, CMD_BAD_OUTP_LEN, 0);
 		memset(out, 0, outlen);
-		pthread_mutex_lock(&nic->lock);
 		uint32_t pdn = emu_pd_alloc_num(nic);
-		pthread_mutex_unlock(&nic->lock);
 		if (!pdn)
 			return cmd_status(out, outlen, CMD_BAD_RES, 0x1);
 		cmd_status(out, outlen, CMD_OK, 0);
@@ -135,11 +133,9 @@ EXPORT int mlx5dv_devx_general_cmd(struct ibv_context *ctx, const void *in, size
 	}
 	case EMU_CMD_OP_DEALLOC_PD: {
 		uint32_t pdn = (uint32_t)st_devx_get(in, 0x48, 24);
-		pthread_mutex_lock(&nic->lock);
-		int ok = emu_pd_alive(nic, pdn);
-		if (ok)
-			emu_pd_free_num(nic, pdn);
-		pthread_mutex_unlock(&nic->lock);
+		uint8_t live = 1; /* free it only if it is allocated */
+		int ok = pdn && pdn < EMU_MAX_PD &&
+			 __atomic_compare_exchange_n(&nic->pd_live[pdn], &live, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 		return cmd_status(out, outlen, ok ? CMD_OK : CMD_BAD_RES, ok ? 0 : pdn);
 	}
 	default:

@@ -21,7 +21,8 @@
  *    (bf_mismatch, after giving a copy still being written time to
  *    complete) and executes the copy, as hardware given a BlueFlame write
  *    would.  A register whose bytes past the doorbell are still those seen at
- *    its previous doorbell (or zeros) took an 8-byte doorbell: the WQE comes
+ *    its previous doorbell (or zeros, or the copy ibv_post_send wrote there
+ *    last under SIGMATRACE_EMU_BF_POST) took an 8-byte doorbell: the WQE comes
  *    from the SQ (db_only).  A sampler cannot tell a copy whose first 16
  *    bytes have landed and nothing else yet from an 8-byte doorbell; either
  *    way the SQ's WQE, identical, is executed;
@@ -53,7 +54,7 @@ static int dbr_recovery(struct emu_nic *nic, struct emu_uar *u, struct emu_qp *r
 }
 
 /* The NIC's view of a WQE in the SQ ring (wrap aware). */
-static void sq_bytes(const struct emu_qp *qp, uint32_t idx, uint8_t *dst, uint32_t len)
+EXPORT void emu_sq_bytes(const struct emu_qp *qp, uint32_t idx, uint8_t *dst, uint32_t len)
 {
 	uint32_t ring = qp->sq_wqebb * 64, pos = (idx & (qp->sq_wqebb - 1)) * 64;
 	while (len) {
@@ -115,7 +116,7 @@ static void bf_check(struct emu_nic *nic, struct emu_qp *qp, struct emu_uar *u, 
 	uint32_t nbb = st_mlx5_wqebbs(db->ds);
 	uint32_t len = (nbb < 4 ? nbb : 4) * 64;
 	uint8_t sq[256], bf[256];
-	sq_bytes(qp, db->wqe_index, sq, len);
+	emu_sq_bytes(qp, db->wqe_index, sq, len);
 	uint64_t t0 = 0;
 	for (;;) {
 		reg_bytes(reg, bf, len);
@@ -131,7 +132,9 @@ static void bf_check(struct emu_nic *nic, struct emu_qp *qp, struct emu_uar *u, 
 			memcpy(seen, bf, len);
 			return;
 		}
-		if (!memcmp(bf + 8, seen + 8, len - 8) || all_zero(bf + 8, len - 8)) {
+		uint8_t posted[256];
+		reg_bytes((const volatile uint8_t *)u->bf_written[r], posted, len);
+		if (!memcmp(bf + 8, seen + 8, len - 8) || all_zero(bf + 8, len - 8) || !memcmp(bf + 8, posted + 8, len - 8)) {
 			nic->stats->db_only++;
 			memcpy(seen, bf, len);
 			return;
@@ -182,7 +185,7 @@ static int qp_doorbell(struct emu_nic *nic, struct emu_qp *qp, struct emu_uar *u
 	qp->db_last[r] = pi;
 	if (ahead > qp->sq_wqebb)
 		return 0; /* behind what was executed: a late sample of a doorbell already covered */
-	if (qp->bf_size)
+	if (qp->bf_size || (nic->bf_post && !qp->devx)) /* init_obj's bf.size, or ibv_post_send's copies */
 		bf_check(nic, qp, u, r, v, db);
 	if (ahead > (uint16_t)(qp->sq_announced - qp->sq_exec))
 		qp->sq_announced = qp->sq_exec + ahead;
@@ -215,7 +218,7 @@ int emu_scan_uars(struct emu_nic *nic)
 			}
 			continue;
 		}
-		int nreg = u->devx ? 4 : 1;
+		int nreg = u->devx || nic->bf_post ? 4 : 1; /* BF_POST: ibv_post_send flips the halves */
 		for (int r = 0; r < nreg; r++) {
 			uint64_t v = __atomic_load_n((uint64_t *)(u->page + ST_MLX5_BF_OFFSET + 0x100 * r), __ATOMIC_ACQUIRE);
 			if (v == u->last[r])

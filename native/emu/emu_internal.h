@@ -199,6 +199,11 @@ struct emu_uar {    /* a UAR page the NIC watches */
 	uint8_t bf_seen[4][256]; /* the BlueFlame bytes seen at the last doorbell on each register (doorbell.c) */
 	int refs;             /* verbs QPs sharing it (SIGMATRACE_EMU_BFREG), else 1 */
 	void *devx_obj;       /* struct mlx5dv_devx_uar handed out */
+	/* SIGMATRACE_EMU_BF_POST: which half of each bfreg (index (bf_off >> 9) & 3) ibv_post_send rings
+	 * next, as rdma-core's bf->offset, shared by the QPs on it; bf_lock serialises them when shared */
+	uint8_t bf_half[4];
+	pthread_spinlock_t bf_lock;
+	uint64_t bf_written[4][32]; /* the last copy ibv_post_send wrote at each register (8-byte atomics) */
 };
 
 struct emu_cq {
@@ -273,6 +278,7 @@ struct emu_qp {
 	uint32_t qpn;
 	uint32_t bf_off;           /* its doorbell register in the UAR page (0x800, 0xa00 when shared) */
 	uint32_t bf_size;          /* 256 once mlx5dv_init_obj handed out BlueFlame registers, else 0 */
+	uint32_t sq_rung;          /* sq_pi when ibv_post_send last rang (SIGMATRACE_EMU_BF_POST: one WQE since -> a copy) */
 	int devx;
 	int qp_type;               /* IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD, EMU_QPT_DCI, EMU_QPT_DCT */
 	uint32_t user_index;       /* qpc.user_index: CQE srqn_uidx with cqe_version 1 (DevX) */
@@ -354,6 +360,8 @@ struct emu_qp {
 	X(bf_mismatch, "BlueFlame copies that differed from the SQ (the copy is executed)")  \
 	X(bf_superseded, "BlueFlame registers overwritten by a later doorbell before checked") \
 	X(db_only, "8-byte doorbells on a BlueFlame register (no copy: executed from the SQ)") \
+	X(bf_posted, "BlueFlame copies ibv_post_send wrote (SIGMATRACE_EMU_BF_POST)")                \
+	X(bf_torn, "BlueFlame copies another write landed inside (a NIC would execute a torn WQE)") \
 	X(cq_arms, "CQ arm doorbells (UAR + 0x20)")                                          \
 	X(async_events, "async events raised")                                               \
 	X(ud_sent, "UD datagrams sent")                                                      \
@@ -413,6 +421,8 @@ struct emu_nic {
 	int have_devx_uars;
 	uint64_t last_liveness_ns;
 	int bf_enabled;  /* SIGMATRACE_EMU_BF (default 1): init_obj(QP) reports bf.size 256 */
+	int bf_post;     /* SIGMATRACE_EMU_BF_POST: ibv_post_send rings like rdma-core's mlx5 (post.c) */
+	uint64_t bf_burst_ns; /* SIGMATRACE_EMU_BF_BURST_NS: such a copy's 8-byte stores spread over this long */
 	char stats_path[256]; /* SIGMATRACE_EMU_STATS */
 	struct emu_stats *stats; /* the process's counters (they outlive a released NIC) */
 };
@@ -461,6 +471,8 @@ static inline void *emu_table_full(struct emu_nic *nic, void *obj)
 struct emu_nic *emu_nic_get(void);
 void emu_nic_put(struct emu_nic *nic);
 uint64_t emu_now_ns(void);
+/* len bytes of qp's SQ from WQEBB idx on, as the NIC reads them (the ring wraps) */
+void emu_sq_bytes(const struct emu_qp *qp, uint32_t idx, uint8_t *dst, uint32_t len);
 void emu_identity(char *name, size_t n, uint64_t *guid, uint32_t *lid, uint8_t gid[16]);
 const struct emu_nic *emu_config(void);
 void emu_stats_write(struct emu_nic *nic);
@@ -539,11 +551,13 @@ int emu_amo_parse(const uint8_t *w, uint32_t off, uint32_t ds, uint32_t opcode, 
 /* pd.c */
 struct emu_pd *emu_pd_of(struct ibv_pd *pd);         /* the protection domain (a parent domain's parent) */
 uint32_t emu_pd_num(struct ibv_pd *pd);             /* its PD number */
-int emu_pd_alive(struct emu_nic *nic, uint32_t pdn); /* NIC lock held */
-uint32_t emu_pd_alloc_num(struct emu_nic *nic);      /* NIC lock held; 0 when none is left */
+int emu_pd_alive(struct emu_nic *nic, uint32_t pdn); /* atomic: no lock needed */
+uint32_t emu_pd_alloc_num(struct emu_nic *nic);      /* atomic; 0 when none is left */
 void emu_pd_free_num(struct emu_nic *nic, uint32_t pdn);
 int emu_buf_alloc(struct emu_buf *b, struct ibv_pd *pd, size_t size, size_t align, uint64_t type);
 void emu_buf_free(struct emu_buf *b);
+uint8_t *emu_ring_alloc(struct emu_buf *ring, struct emu_buf *dbr, struct ibv_pd *pd, size_t bytes, uint64_t type);
+void emu_ring_free(struct emu_buf *ring, struct emu_buf *dbr, uint8_t *own);
 struct ibv_pd *emu_alloc_parent_domain(struct ibv_context *c, struct ibv_parent_domain_init_attr *a);
 
 /* dct.c: DC targets (verbs mlx5dv_create_qp DCT) */

@@ -69,6 +69,10 @@ static void nic_config(struct emu_nic *nic)
 	nic->bfreg_share = !e ? 0 : !strcmp(e, "page") ? 1 : !strcmp(e, "word") ? 2 : 0;
 	e = getenv("SIGMATRACE_EMU_BF");
 	nic->bf_enabled = !(e && *e == '0');
+	e = getenv("SIGMATRACE_EMU_BF_POST");
+	nic->bf_post = e && *e && *e != '0';
+	e = getenv("SIGMATRACE_EMU_BF_BURST_NS");
+	nic->bf_burst_ns = e ? strtoull(e, NULL, 10) : 0;
 	e = getenv("SIGMATRACE_EMU_DC");
 	nic->dc_enabled = e && *e && *e != '0';
 	e = getenv("SIGMATRACE_EMU_DMABUF");

@@ -85,6 +85,7 @@ EXPORT struct emu_uar *emu_uar_alloc(struct emu_nic *nic, int devx)
 	u->page_id = ++nic->next_uar_id;
 	u->devx = devx;
 	u->refs = 1;
+	pthread_spin_init(&u->bf_lock, PTHREAD_PROCESS_PRIVATE);
 	u->next = nic->uars;
 	nic->uars = u;
 	if (devx) /* read by the NIC thread without the lock (its idle back-off) */

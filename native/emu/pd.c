@@ -24,16 +24,19 @@
 
 #include "emu_internal.h"
 
-/* ---- PD numbers (NIC lock held) ------------------------------------------------ */
+/* ---- PD numbers ------------------------------------------------------------------ */
+/* Atomic, no lock: rdma-core's mlx5 allocates and frees a PD with one kernel command and takes no
+ * lock of its own there, so a child forked while another thread was in ibv_alloc_pd can still
+ * deallocate a PD; a NIC lock here left such a child hung on a lock it inherited locked
+ * (tests/test_trace_verbs_support.py, test_fork_while_threads_hold_the_providers_locks). */
 EXPORT uint32_t emu_pd_alloc_num(struct emu_nic *nic)
 {
 	for (uint32_t k = 0; k < EMU_MAX_PD - 1; k++) {
-		uint32_t n = nic->next_pdn;
-		nic->next_pdn = n + 1 >= EMU_MAX_PD ? 1 : n + 1;
-		if (n && n < EMU_MAX_PD && !nic->pd_live[n]) {
-			nic->pd_live[n] = 1;
+		uint32_t n = __atomic_fetch_add(&nic->next_pdn, 1, __ATOMIC_RELAXED) % EMU_MAX_PD;
+		uint8_t free_slot = 0;
+		if (n && __atomic_compare_exchange_n(&nic->pd_live[n], &free_slot, 1, 0, __ATOMIC_ACQ_REL,
+						     __ATOMIC_RELAXED))
 			return n;
-		}
 	}
 	return 0;
 }
@@ -41,12 +44,12 @@ EXPORT uint32_t emu_pd_alloc_num(struct emu_nic *nic)
 EXPORT void emu_pd_free_num(struct emu_nic *nic, uint32_t pdn)
 {
 	if (pdn && pdn < EMU_MAX_PD)
-		nic->pd_live[pdn] = 0;
+		__atomic_store_n(&nic->pd_live[pdn], 0, __ATOMIC_RELEASE);
 }
 
 EXPORT int emu_pd_alive(struct emu_nic *nic, uint32_t pdn)
 {
-	return pdn && pdn < EMU_MAX_PD && nic->pd_live[pdn];
+	return pdn && pdn < EMU_MAX_PD && __atomic_load_n(&nic->pd_live[pdn], __ATOMIC_ACQUIRE);
 }
 
 /* ---- PD ------------------------------------------------------------------------ */
@@ -55,10 +58,7 @@ EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *c)
 	struct emu_pd *p = emu_zalloc(sizeof *p);
 	if (!p)
 		return NULL;
-	struct emu_nic *nic = to_ectx(c)->nic;
-	pthread_mutex_lock(&nic->lock);
-	p->pdn = emu_pd_alloc_num(nic);
-	pthread_mutex_unlock(&nic->lock);
+	p->pdn = emu_pd_alloc_num(to_ectx(c)->nic);
 	if (!p->pdn) {
 		free(p);
 		errno = ENOMEM;
@@ -81,17 +81,12 @@ EXPORT uint32_t emu_pd_num(struct ibv_pd *pd) { return emu_pd_of(pd)->pdn; }
 EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 {
 	struct emu_pd *p = (struct emu_pd *)pd;
-	struct emu_nic *nic = to_ectx(pd->context)->nic;
-	pthread_mutex_lock(&nic->lock);
-	if (p->refs) { /* rdma-core: a PD still used by a parent domain, or a domain by objects */
-		pthread_mutex_unlock(&nic->lock);
+	if (__atomic_load_n(&p->refs, __ATOMIC_ACQUIRE)) /* rdma-core: a PD used by a parent domain, or a domain by objects */
 		return EBUSY;
-	}
 	if (p->parent)
-		p->parent->refs--;
+		__atomic_fetch_sub(&p->parent->refs, 1, __ATOMIC_ACQ_REL);
 	else
-		emu_pd_free_num(nic, p->pdn);
-	pthread_mutex_unlock(&nic->lock);
+		emu_pd_free_num(to_ectx(pd->context)->nic, p->pdn);
 	free(p);
 	return 0;
 }
@@ -116,7 +111,6 @@ struct ibv_pd *emu_alloc_parent_domain(struct ibv_context *c, struct ibv_parent_
 	struct emu_pd *p = emu_zalloc(sizeof *p);
 	if (!p)
 		return NULL;
-	struct emu_nic *nic = to_ectx(c)->nic;
 	p->parent = base;
 	p->pdn = base->pdn;
 	p->pd.context = c;
@@ -127,9 +121,7 @@ struct ibv_pd *emu_alloc_parent_domain(struct ibv_context *c, struct ibv_parent_
 	}
 	if (a->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT)
 		p->pd_context = a->pd_context;
-	pthread_mutex_lock(&nic->lock);
-	base->refs++;
-	pthread_mutex_unlock(&nic->lock);
+	__atomic_fetch_add(&base->refs, 1, __ATOMIC_ACQ_REL);
 	EMU_LOG("parent domain of pd %u%s", base->pdn, p->alloc ? " with allocators" : "");
 	return &p->pd;
 }
@@ -152,9 +144,7 @@ EXPORT int emu_buf_alloc(struct emu_buf *b, struct ibv_pd *pd, size_t size, size
 			b->ptr = r;
 			b->pd = p;
 			memset(r, 0, size);
-			pthread_mutex_lock(&to_ectx(pd->context)->nic->lock);
-			p->refs++;
-			pthread_mutex_unlock(&to_ectx(pd->context)->nic->lock);
+			__atomic_fetch_add(&p->refs, 1, __ATOMIC_ACQ_REL);
 			return 0;
 		}
 	}
@@ -171,11 +161,38 @@ EXPORT void emu_buf_free(struct emu_buf *b)
 		return;
 	if (b->pd) {
 		b->pd->free(&b->pd->pd, b->pd->pd_context, b->ptr, b->type);
-		pthread_mutex_lock(&to_ectx(b->pd->pd.context)->nic->lock);
-		b->pd->refs--;
-		pthread_mutex_unlock(&to_ectx(b->pd->pd.context)->nic->lock);
+		__atomic_fetch_sub(&b->pd->refs, 1, __ATOMIC_ACQ_REL);
 	} else {
 		free(b->ptr);
 	}
 	b->ptr = NULL;
+}
+
+/* An object's ring of `bytes` (page-aligned) and its doorbell record: on a parent domain from its
+ * allocators (ring and dbr hold them; also when the allocator answers USE_DEFAULT), else the
+ * emulator's own ring (returned, ring and dbr left empty: the record is the object's own storage).
+ * The ring, or NULL (out of memory). */
+EXPORT uint8_t *emu_ring_alloc(struct emu_buf *ring, struct emu_buf *dbr, struct ibv_pd *pd, size_t bytes,
+			       uint64_t type)
+{
+	memset(ring, 0, sizeof *ring);
+	memset(dbr, 0, sizeof *dbr);
+	if (!pd || emu_pd_of(pd) == (struct emu_pd *)pd)
+		return aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+	if (emu_buf_alloc(ring, pd, bytes, 4096, type) || emu_buf_alloc(dbr, pd, ST_MLX5_DBR_SIZE, 8, MLX5DV_RES_TYPE_DBR)) {
+		emu_buf_free(ring);
+		return NULL;
+	}
+	return ring->ptr;
+}
+
+/* ... and back: own is the ring emu_ring_alloc returned. */
+EXPORT void emu_ring_free(struct emu_buf *ring, struct emu_buf *dbr, uint8_t *own)
+{
+	if (ring->ptr || dbr->ptr) {
+		emu_buf_free(ring);
+		emu_buf_free(dbr);
+	} else {
+		free(own);
+	}
 }

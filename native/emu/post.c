@@ -9,15 +9,77 @@
 #include "emu_internal.h"
 
 /* ---- QPs ------------------------------------------------------------------ */
+/* SIGMATRACE_EMU_BF_POST: ring the doorbell the way rdma-core's mlx5 post_send does (ref §3.2):
+ * at the bfreg's current half, which then flips for the next post of any QP on that bfreg; a
+ * doorbell that announces one WQE of at most 256 bytes is a BlueFlame copy of it, in 8-byte
+ * stores in order (else the 8-byte doorbell); a bfreg several QPs share is held under its lock
+ * meanwhile, as rdma-core holds its per-bfreg lock.  A real NIC takes the copy as one burst: a
+ * store of someone else landing inside it would make the NIC execute a torn WQE.  The emulated
+ * NIC samples the register and would not see that, so the writer checks its own burst: after
+ * every store, the ones before it must still be there (bf_torn, an error).  With
+ * SIGMATRACE_EMU_BF_BURST_NS the stores are spread over that long (a slow write-combining flush),
+ * which makes a foreign store inside a burst likely when it can happen at all. */
+static int bf_copy_torn(volatile uint64_t *dst, const uint64_t *src, uint32_t n, uint64_t burst_ns)
+{
+	uint64_t t0 = burst_ns ? emu_now_ns() : 0;
+	for (uint32_t i = 0; i < n; i++) {
+		__atomic_store_n(&dst[i], src[i], __ATOMIC_RELAXED);
+		while (burst_ns && emu_now_ns() - t0 < burst_ns * (i + 1) / n)
+			;
+		for (uint32_t k = 0; k < i; k++)
+			if (__atomic_load_n(&dst[k], __ATOMIC_RELAXED) != src[k])
+				return 1;
+	}
+	return 0;
+}
+
+static void qp_ring_bfreg(struct emu_qp *qp, const struct st_mlx5_wqe_ctrl_seg *last, uint32_t idx)
+{
+	struct emu_uar *u = qp->uarobj;
+	uint32_t nbb = st_mlx5_wqebbs(st_mlx5_ctrl_ds(last)), b = (qp->bf_off >> 9) & 3;
+	int shared = u->refs > 1;
+	if (shared)
+		pthread_spin_lock(&u->bf_lock);
+	uint32_t off = qp->bf_off + (u->bf_half[b] ? 0x100 : 0);
+	volatile uint64_t *reg = (volatile uint64_t *)(qp->uar + off);
+	if (nbb <= 4 && qp->sq_pi - qp->sq_rung == nbb) {
+		uint64_t wqe[32];
+		emu_sq_bytes(qp, idx, (uint8_t *)wqe, nbb * 64);
+		/* what the NIC may find under a later 8-byte doorbell on this register (doorbell.c) */
+		uint64_t *note = u->bf_written[((off - ST_MLX5_BF_OFFSET) >> 8) & 3];
+		for (uint32_t i = 0; i < nbb * 8; i++)
+			__atomic_store_n(&note[i], wqe[i], __ATOMIC_RELAXED);
+		__atomic_fetch_add(&qp->nic->stats->bf_posted, 1, __ATOMIC_RELAXED);
+		if (bf_copy_torn(reg, wqe, nbb * 8, qp->nic->bf_burst_ns)) {
+			__atomic_fetch_add(&qp->nic->stats->bf_torn, 1, __ATOMIC_RELAXED);
+			EMU_ERR("BlueFlame ERROR: another write landed inside the copy of qp 0x%x wqe %u (a NIC would execute "
+				"a torn WQE)", qp->qpn, idx);
+		}
+	} else {
+		uint64_t v;
+		memcpy(&v, last, 8);
+		__atomic_store_n(reg, v, __ATOMIC_RELAXED);
+	}
+	__atomic_thread_fence(__ATOMIC_SEQ_CST); /* mmio_flush_writes */
+	u->bf_half[b] ^= 1;
+	if (shared)
+		pthread_spin_unlock(&u->bf_lock);
+}
+
 static void qp_ring_doorbell(struct emu_qp *qp, struct st_mlx5_wqe_ctrl_seg *last)
 {
 	/* ref §3.4 ordering: WQEs -> barrier -> DBR -> barrier -> 8-byte DB */
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	qp->dbrec[ST_MLX5_SND_DBR] = htobe32(qp->sq_pi & 0xffff);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	uint64_t v;
-	memcpy(&v, last, 8);
-	__atomic_store_n((uint64_t *)(qp->uar + qp->bf_off), v, __ATOMIC_RELEASE);
+	if (qp->nic->bf_post && qp->uarobj) {
+		qp_ring_bfreg(qp, last, st_mlx5_ctrl_wqe_index(last));
+	} else {
+		uint64_t v;
+		memcpy(&v, last, 8);
+		__atomic_store_n((uint64_t *)(qp->uar + qp->bf_off), v, __ATOMIC_RELEASE);
+	}
+	qp->sq_rung = qp->sq_pi;
 	emu_nic_kick(qp->nic);
 }
 

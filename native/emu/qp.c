@@ -8,6 +8,15 @@
 #include "emu_internal.h"
 #include "emu_prm.h"
 
+/* A QP that could not be made: its buffers go back, ENOMEM. */
+static struct ibv_qp *qp_unmade(struct emu_qp *qp)
+{
+	emu_ring_free(&qp->qbuf, &qp->dbuf, qp->qp_buf);
+	free(qp->sq_wrid); free(qp->sq_next); free(qp->rq_wrid); free(qp->inflight); free(qp);
+	errno = ENOMEM;
+	return NULL;
+}
+
 static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd, struct ibv_qp_init_attr *ia,
 				       uint64_t send_ops)
 {
@@ -58,32 +67,13 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 	/* on a parent domain with allocators the ring and the doorbell record are
 	 * the application's (pd.c); else the emulator's */
 	int from_pd = emu_pd_of(pd) != (struct emu_pd *)pd;
-	if (from_pd) {
-		if (emu_buf_alloc(&qp->qbuf, pd, rq_bytes + sq_bytes, 4096, MLX5DV_RES_TYPE_QP) ||
-		    emu_buf_alloc(&qp->dbuf, pd, ST_MLX5_DBR_SIZE, 8, MLX5DV_RES_TYPE_DBR)) {
-			emu_buf_free(&qp->qbuf);
-			free(qp);
-			errno = ENOMEM;
-			return NULL;
-		}
-		qp->qp_buf = qp->qbuf.ptr;
-	} else {
-		qp->qp_buf = aligned_alloc(4096, (rq_bytes + sq_bytes + 4095) & ~(size_t)4095);
-	}
+	qp->qp_buf = emu_ring_alloc(&qp->qbuf, &qp->dbuf, pd, rq_bytes + sq_bytes, MLX5DV_RES_TYPE_QP);
 	qp->sq_wrid = calloc(qp->sq_wqebb, sizeof(uint64_t));
 	qp->sq_next = calloc(qp->sq_wqebb, sizeof(uint32_t));
 	qp->rq_wrid = qp->rq_wqe_cnt ? calloc(qp->rq_wqe_cnt, sizeof(uint64_t)) : NULL;
 	qp->inflight = calloc(qp->sq_wqebb, sizeof(struct emu_inflight));
 	if (!qp->qp_buf || !qp->sq_wrid || !qp->sq_next || !qp->inflight || (qp->rq_wqe_cnt && !qp->rq_wrid)) {
-		if (from_pd) {
-			emu_buf_free(&qp->qbuf);
-			emu_buf_free(&qp->dbuf);
-		} else {
-			free(qp->qp_buf);
-		}
-		free(qp->sq_wrid); free(qp->sq_next); free(qp->rq_wrid); free(qp->inflight); free(qp);
-		errno = ENOMEM;
-		return NULL;
+		return qp_unmade(qp);
 	}
 	memset(qp->qp_buf, 0, rq_bytes + sq_bytes);
 	qp->own_bufs = !from_pd;
@@ -126,15 +116,7 @@ static struct ibv_qp *create_qp_common(struct ibv_context *c, struct ibv_pd *pd,
 	}
 	pthread_mutex_unlock(&nic->lock);
 	if (r) {
-		if (from_pd) {
-			emu_buf_free(&qp->qbuf);
-			emu_buf_free(&qp->dbuf);
-		} else {
-			free(qp->qp_buf);
-		}
-		free(qp->sq_wrid); free(qp->sq_next); free(qp->rq_wrid); free(qp->inflight); free(qp);
-		errno = ENOMEM;
-		return NULL;
+		return qp_unmade(qp);
 	}
 	qp->uar = qp->uarobj->page;
 	qp->atomic_mode = EMU_QPC_ATOMIC_MODE_UP_TO_8B; /* what the kernel gives a verbs RC QP: not checked for verbs */
@@ -252,7 +234,7 @@ EXPORT int emu_qp_modify_state(struct emu_qp *qp, int cur, int nw)
 EXPORT void emu_qp_apply_reset(struct emu_qp *qp)
 {
 	emu_qp_reset_nic_state(qp);
-	qp->sq_pi = qp->sq_tail = 0;
+	qp->sq_pi = qp->sq_tail = qp->sq_rung = 0;
 	qp->rq_pi = qp->rq_tail = 0;
 	qp->db_seen = 0;
 	for (int i = 0; i < EMU_BF_SNAPS; i++)

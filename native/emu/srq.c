@@ -13,6 +13,16 @@
 static struct emu_srq *g_srqs[256];
 
 /* ---- SRQ -------------------------------------------------------------------- */
+/* An SRQ's buffers and itself freed (not made, or destroyed); ENOMEM for the caller that could not make it. */
+static struct ibv_srq *srq_unmade(struct emu_srq *s)
+{
+	emu_ring_free(&s->sbuf, &s->dbuf, s->buf);
+	free(s->wrid);
+	free(s);
+	errno = ENOMEM;
+	return NULL;
+}
+
 static struct ibv_srq *srq_create(struct ibv_context *c, struct ibv_pd *pd, struct ibv_srq_init_attr *a)
 {
 	struct emu_nic *nic = to_ectx(c)->nic;
@@ -29,30 +39,10 @@ static struct ibv_srq *srq_create(struct ibv_context *c, struct ibv_pd *pd, stru
 	/* on a parent domain with allocators: the application's ring and doorbell record (pd.c) */
 	int from_pd = pd && emu_pd_of(pd) != (struct emu_pd *)pd;
 	size_t bytes = (size_t)s->wqe_cnt * s->stride;
-	if (from_pd) {
-		if (emu_buf_alloc(&s->sbuf, pd, bytes, 4096, MLX5DV_RES_TYPE_SRQ) ||
-		    emu_buf_alloc(&s->dbuf, pd, ST_MLX5_DBR_SIZE, 8, MLX5DV_RES_TYPE_DBR)) {
-			emu_buf_free(&s->sbuf);
-			free(s);
-			errno = ENOMEM;
-			return NULL;
-		}
-		s->buf = s->sbuf.ptr;
-	} else {
-		s->buf = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
-	}
+	s->buf = emu_ring_alloc(&s->sbuf, &s->dbuf, pd, bytes, MLX5DV_RES_TYPE_SRQ);
 	s->wrid = calloc(s->wqe_cnt, sizeof(uint64_t));
-	if (!s->buf || !s->wrid) {
-		if (from_pd) {
-			emu_buf_free(&s->sbuf);
-			emu_buf_free(&s->dbuf);
-		} else {
-			free(s->buf);
-		}
-		free(s->wrid); free(s);
-		errno = ENOMEM;
-		return NULL;
-	}
+	if (!s->buf || !s->wrid)
+		return srq_unmade(s);
 	s->dbrec = (volatile uint32_t *)(from_pd ? s->dbuf.ptr : s->dbr_storage);
 	memset(s->buf, 0, (size_t)s->wqe_cnt * s->stride);
 	for (uint32_t w = 0; w < s->wqe_cnt; w++) { /* the free list: 0 -> 1 -> ... -> cnt-1 */
@@ -67,16 +57,7 @@ static struct ibv_srq *srq_create(struct ibv_context *c, struct ibv_pd *pd, stru
 	uint32_t i = EMU_FREE_SLOT(g_srqs, 256);
 	if (i == 256) {
 		pthread_mutex_unlock(&nic->lock);
-		if (from_pd) {
-			emu_buf_free(&s->sbuf);
-			emu_buf_free(&s->dbuf);
-		} else {
-			free(s->buf);
-		}
-		free(s->wrid);
-		free(s);
-		errno = ENOMEM;
-		return NULL;
+		return srq_unmade(s);
 	}
 	g_srqs[i] = s;
 	s->srqn = i;
@@ -117,14 +98,7 @@ EXPORT int ibv_destroy_srq(struct ibv_srq *srq)
 	pthread_mutex_lock(&nic->lock);
 	g_srqs[s->srqn] = NULL;
 	pthread_mutex_unlock(&nic->lock);
-	if (s->sbuf.ptr || s->dbuf.ptr) {
-		emu_buf_free(&s->sbuf);
-		emu_buf_free(&s->dbuf);
-	} else {
-		free(s->buf);
-	}
-	free(s->wrid);
-	free(s);
+	srq_unmade(s);
 	return 0;
 }
 

@@ -390,21 +390,17 @@ static void wait_cqe(struct ep *e, uint16_t want_idx)
 				}
 			}
 		} else {
-			struct st_mlx5_cqe64 *c = (struct st_mlx5_cqe64 *)(e->cq_buf + (e->cq_ci & (e->ncqe - 1)) * 64);
-			uint8_t op_own = __atomic_load_n(&c->op_own, __ATOMIC_ACQUIRE);
-			if (st_mlx5_cqe_valid(c, e->cq_ci, e->ncqe)) {
-				uint8_t opc = op_own >> 4;
+			const struct st_mlx5_cqe64 *c = ibgda_cq_next(e->cq_buf, e->cq_dbr, e->ncqe, &e->cq_ci);
+			if (c) {
+				uint8_t opc = c->op_own >> 4;
 				uint16_t ctr = be16toh(c->wqe_counter);
 				if (opc == ST_MLX5_CQE_REQ_ERR)
-					DIE(1, "error CQE syndrome 0x%x wqe %u", ((struct st_mlx5_err_cqe *)c)->syndrome, ctr);
+					DIE(1, "error CQE syndrome 0x%x wqe %u", ((const struct st_mlx5_err_cqe *)c)->syndrome, ctr);
 				if (opc != ST_MLX5_CQE_REQ)
 					DIE(1, "unexpected CQE opcode %u", opc);
 				if (g_verbose)
-					printf("CQE ci=%u wqe_counter=%u opcode=0x%x byte_cnt=%u\n", e->cq_ci, ctr,
+					printf("CQE ci=%u wqe_counter=%u opcode=0x%x byte_cnt=%u\n", e->cq_ci - 1, ctr,
 					       be32toh(c->sop_drop_qpn) >> 24, be32toh(c->byte_cnt));
-				e->cq_ci++;
-				uint32_t ci = ibgda_cq_ci_value(e->cq_ci);
-				memcpy(e->cq_dbr, &ci, 4);
 				if (ctr == want_idx) {
 					note_wait(t0);
 					return;

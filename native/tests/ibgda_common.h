@@ -226,4 +226,19 @@ static inline uint64_t ibgda_db_value(uint32_t pi, uint32_t qpn)
 /* CQ DBR consumer counter after consuming up to ci. */
 static inline uint32_t ibgda_cq_ci_value(uint32_t ci) { return htobe32(ci & 0xffffff); }
 
+/* The next CQE of a ring of ncqe 64-byte CQEs in host memory once software owns it (the caller
+ * reads it), the consumer index *ci advanced and published in the CQ's doorbell record; NULL while
+ * the NIC still owns it. */
+static inline const struct st_mlx5_cqe64 *ibgda_cq_next(uint8_t *cq_buf, uint8_t *cq_dbr, uint32_t ncqe, uint32_t *ci)
+{
+	const struct st_mlx5_cqe64 *c = (const struct st_mlx5_cqe64 *)(cq_buf + (*ci & (ncqe - 1)) * 64);
+	(void)__atomic_load_n(&c->op_own, __ATOMIC_ACQUIRE);
+	if (!st_mlx5_cqe_valid(c, *ci, ncqe))
+		return NULL;
+	(*ci)++;
+	uint32_t v = ibgda_cq_ci_value(*ci);
+	memcpy(cq_dbr, &v, 4);
+	return c;
+}
+
 #endif /* SIGMATRACE_TESTS_IBGDA_COMMON_H */

@@ -1,5 +1,6 @@
 /* load_order.h -- the verbs work shared by the load-order clients (load_order_client.c and the
- * modules built from load_order_module.c), for tests/test_load_order.py.
+ * modules built from load_order_module.c), for tests/test_load_order.py, and by
+ * trace_dlopen_verbs.c (its QP pair and rounds).
  *
  * However libibverbs was reached (linked, dlopen'ed by the program, by a module, by a module a
  * module loaded, by name with dlsym/dlvsym on the handle), the same work runs through a table of
@@ -24,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "result_fail.h"
 
 struct lo_fns {
 	struct ibv_device **(*get_device_list)(int *);
@@ -97,14 +100,6 @@ static inline int lo_fns_from_handle(struct lo_fns *f, void *h, const char *vers
 		(f).destroy_qp = ibv_destroy_qp;                                \
 	} while (0)
 
-#define LO_FAIL(...)                                   \
-	do {                                           \
-		printf("RESULT FAIL ");                \
-		printf(__VA_ARGS__);                   \
-		printf("\n");                          \
-		return 1;                              \
-	} while (0)
-
 static inline double lo_now(void)
 {
 	struct timespec t;
@@ -142,6 +137,107 @@ static inline int lo_connect(const struct lo_fns *f, struct ibv_qp *qp, uint32_t
 					   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+/* Two RC QPs A and B of one context connected to each other, over one buffer of 2 * size bytes
+ * (A's source half, B's destination half). */
+struct lo_pair {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_mr *mr;
+	struct ibv_cq *cq;
+	struct ibv_qp *qa, *qb;
+	uint8_t *buf;
+	uint32_t size;
+	uint16_t lid;
+};
+
+/* 0, or RESULT FAIL printed and 1. */
+static inline int lo_pair_open(const struct lo_fns *f, struct ibv_device *dev, uint32_t size, struct lo_pair *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->size = size;
+	p->ctx = f->open_device(dev);
+	if (!p->ctx)
+		RESULT_FAIL("open_device");
+	struct ibv_port_attr pa;
+	memset(&pa, 0, sizeof(pa));
+	if (f->query_port(p->ctx, 1, &pa))
+		RESULT_FAIL("query_port");
+	p->lid = pa.lid;
+	p->pd = f->alloc_pd(p->ctx);
+	p->buf = calloc(1, 2 * (size_t)size);
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	p->mr = !p->pd ? NULL
+	      : f->reg_mr_iova2 ? f->reg_mr_iova2(p->pd, p->buf, 2 * (size_t)size, (uintptr_t)p->buf, (unsigned)access)
+				: f->reg_mr(p->pd, p->buf, 2 * (size_t)size, access);
+	p->cq = f->create_cq(p->ctx, 256, NULL, NULL, 0);
+	if (!p->pd || !p->mr || !p->cq)
+		RESULT_FAIL("pd/mr/cq");
+	struct ibv_qp_init_attr ia;
+	memset(&ia, 0, sizeof(ia));
+	ia.send_cq = p->cq;
+	ia.recv_cq = p->cq;
+	ia.cap.max_send_wr = 64;
+	ia.cap.max_recv_wr = 64;
+	ia.cap.max_send_sge = 1;
+	ia.cap.max_recv_sge = 1;
+	ia.qp_type = IBV_QPT_RC;
+	p->qa = f->create_qp(p->pd, &ia);
+	p->qb = f->create_qp(p->pd, &ia);
+	if (!p->qa || !p->qb)
+		RESULT_FAIL("create_qp");
+	if (lo_connect(f, p->qa, p->qb->qp_num, p->lid) || lo_connect(f, p->qb, p->qa->qp_num, p->lid))
+		RESULT_FAIL("connect");
+	return 0;
+}
+
+/* Round i: a receive on B, then on A a chain of an unsignalled RDMA WRITE into B's half and a
+ * signalled SEND, polled until both completions came and the bytes arrived.  0, or RESULT FAIL. */
+static inline int lo_pair_round(struct lo_pair *p, int i)
+{
+	uint32_t size = p->size;
+	struct ibv_sge src = {.addr = (uintptr_t)p->buf, .length = size, .lkey = p->mr->lkey};
+	struct ibv_sge dst = {.addr = (uintptr_t)p->buf + size, .length = size, .lkey = p->mr->lkey};
+	struct ibv_recv_wr rwr = {.wr_id = 1000 + i, .sg_list = &dst, .num_sge = 1}, *rbad;
+	if (ibv_post_recv(p->qb, &rwr, &rbad))
+		RESULT_FAIL("post_recv %d", i);
+	memset(p->buf, i & 0xff, size);
+	struct ibv_send_wr send = {.wr_id = i, .sg_list = &src, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED};
+	struct ibv_send_wr write = {.wr_id = 5000 + i, .next = &send, .sg_list = &src, .num_sge = 1,
+				    .opcode = IBV_WR_RDMA_WRITE};
+	write.wr.rdma.remote_addr = (uintptr_t)p->buf + size;
+	write.wr.rdma.rkey = p->mr->rkey;
+	struct ibv_send_wr *bad;
+	if (ibv_post_send(p->qa, &write, &bad))
+		RESULT_FAIL("post_send %d", i);
+	int got = 0;
+	double t0 = lo_now();
+	while (got < 2) {
+		struct ibv_wc wc[4];
+		int ne = ibv_poll_cq(p->cq, 4, wc);
+		if (ne < 0)
+			RESULT_FAIL("poll_cq");
+		for (int k = 0; k < ne; k++)
+			if (wc[k].status != IBV_WC_SUCCESS)
+				RESULT_FAIL("wc status %d wr_id %llu", wc[k].status, (unsigned long long)wc[k].wr_id);
+		got += ne;
+		if (lo_now() - t0 > 10)
+			RESULT_FAIL("timeout at %d", i);
+	}
+	if (p->buf[size] != (uint8_t)(i & 0xff))
+		RESULT_FAIL("data %d", i);
+	return 0;
+}
+
+static inline int lo_pair_close(const struct lo_fns *f, struct lo_pair *p)
+{
+	if (f->destroy_qp(p->qa) || f->destroy_qp(p->qb) || f->destroy_cq(p->cq) || f->dereg_mr(p->mr) ||
+	    f->dealloc_pd(p->pd) || f->close_device(p->ctx))
+		RESULT_FAIL("teardown");
+	free(p->buf);
+	return 0;
+}
+
 /* The work; 0 = RESULT OK printed.  iters 0: the device list only. */
 static inline int lo_work(const struct lo_fns *f, int iters)
 {
@@ -152,86 +248,22 @@ static inline int lo_work(const struct lo_fns *f, int iters)
 		printf(" %s", f->get_device_name(list[i]));
 	printf("\n");
 	if (!list)
-		LO_FAIL("no device list");
+		RESULT_FAIL("no device list");
 	if (iters == 0 || n < 1) {
 		f->free_device_list(list);
 		printf("RESULT OK iters=0 completions=0\n");
 		return 0;
 	}
-	struct ibv_context *ctx = f->open_device(list[0]);
-	if (!ctx)
-		LO_FAIL("open_device");
-	struct ibv_port_attr pa;
-	memset(&pa, 0, sizeof(pa));
-	if (f->query_port(ctx, 1, &pa))
-		LO_FAIL("query_port");
-	const uint32_t size = 256;
-	struct ibv_pd *pd = f->alloc_pd(ctx);
-	uint8_t *buf = calloc(1, 2 * (size_t)size);
-	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-	struct ibv_mr *mr = !pd ? NULL
-			 : f->reg_mr_iova2 ? f->reg_mr_iova2(pd, buf, 2 * (size_t)size, (uintptr_t)buf, (unsigned)access)
-					   : f->reg_mr(pd, buf, 2 * (size_t)size, access);
-	struct ibv_cq *cq = f->create_cq(ctx, 256, NULL, NULL, 0);
-	if (!pd || !mr || !cq)
-		LO_FAIL("pd/mr/cq");
-	struct ibv_qp_init_attr ia;
-	memset(&ia, 0, sizeof(ia));
-	ia.send_cq = cq;
-	ia.recv_cq = cq;
-	ia.cap.max_send_wr = 64;
-	ia.cap.max_recv_wr = 64;
-	ia.cap.max_send_sge = 1;
-	ia.cap.max_recv_sge = 1;
-	ia.qp_type = IBV_QPT_RC;
-	struct ibv_qp *qa = f->create_qp(pd, &ia);
-	struct ibv_qp *qb = f->create_qp(pd, &ia);
-	if (!qa || !qb)
-		LO_FAIL("create_qp");
-	if (lo_connect(f, qa, qb->qp_num, pa.lid) || lo_connect(f, qb, qa->qp_num, pa.lid))
-		LO_FAIL("connect");
-
-	struct ibv_sge src = {.addr = (uintptr_t)buf, .length = size, .lkey = mr->lkey};
-	struct ibv_sge dst = {.addr = (uintptr_t)buf + size, .length = size, .lkey = mr->lkey};
-	int completions = 0;
-	for (int i = 0; i < iters; i++) {
-		struct ibv_recv_wr rwr = {.wr_id = 1000 + i, .sg_list = &dst, .num_sge = 1}, *rbad;
-		if (ibv_post_recv(qb, &rwr, &rbad))
-			LO_FAIL("post_recv %d", i);
-		memset(buf, i & 0xff, size);
-		struct ibv_send_wr send = {.wr_id = i, .sg_list = &src, .num_sge = 1, .opcode = IBV_WR_SEND,
-					   .send_flags = IBV_SEND_SIGNALED};
-		struct ibv_send_wr write = {.wr_id = 5000 + i, .next = &send, .sg_list = &src, .num_sge = 1,
-					    .opcode = IBV_WR_RDMA_WRITE};
-		write.wr.rdma.remote_addr = (uintptr_t)buf + size;
-		write.wr.rdma.rkey = mr->rkey;
-		struct ibv_send_wr *bad;
-		if (ibv_post_send(qa, &write, &bad))
-			LO_FAIL("post_send %d", i);
-		int got = 0;
-		double t0 = lo_now();
-		while (got < 2) {
-			struct ibv_wc wc[4];
-			int ne = ibv_poll_cq(cq, 4, wc);
-			if (ne < 0)
-				LO_FAIL("poll_cq");
-			for (int k = 0; k < ne; k++)
-				if (wc[k].status != IBV_WC_SUCCESS)
-					LO_FAIL("wc status %d", wc[k].status);
-			got += ne;
-			if (lo_now() - t0 > 10)
-				LO_FAIL("timeout at %d", i);
-		}
-		completions += got;
-		if (buf[size] != (uint8_t)(i & 0xff))
-			LO_FAIL("data %d", i);
-	}
-	if (f->destroy_qp(qa) || f->destroy_qp(qb) || f->destroy_cq(cq) || f->dereg_mr(mr) || f->dealloc_pd(pd) ||
-	    f->close_device(ctx))
-		LO_FAIL("teardown");
+	struct lo_pair p;
+	if (lo_pair_open(f, list[0], 256, &p))
+		return 1;
+	for (int i = 0; i < iters; i++)
+		if (lo_pair_round(&p, i))
+			return 1;
+	if (lo_pair_close(f, &p))
+		return 1;
 	f->free_device_list(list);
-	free(buf);
-	printf("RESULT OK iters=%d completions=%d\n", iters, completions);
+	printf("RESULT OK iters=%d completions=%d\n", iters, 2 * iters);
 	return 0;
 }
 

@@ -52,16 +52,16 @@ static int run_module(const char *module, int flags, const char *chain, int iter
 {
 	void *h = dlopen(path_in(module), RTLD_NOW | flags);
 	if (!h)
-		LO_FAIL("dlopen %s: %s", module, dlerror());
+		RESULT_FAIL("dlopen %s: %s", module, dlerror());
 	if (chain) {
 		int (*fn)(const char *, int) = (int (*)(const char *, int))dlsym(h, "lo_module_chain");
 		if (!fn)
-			LO_FAIL("dlsym lo_module_chain");
+			RESULT_FAIL("dlsym lo_module_chain");
 		return fn(path_in(chain), iters);
 	}
 	int (*fn)(int) = (int (*)(int))dlsym(h, "lo_module_run");
 	if (!fn)
-		LO_FAIL("dlsym lo_module_run");
+		RESULT_FAIL("dlsym lo_module_run");
 	return fn(iters);
 }
 
@@ -70,7 +70,7 @@ static int run_handle(void *h, int pseudo, const char *version, int iters)
 {
 	struct lo_fns f;
 	if (!h && !pseudo)
-		LO_FAIL("dlopen: %s", dlerror());
+		RESULT_FAIL("dlopen: %s", dlerror());
 	if (lo_fns_from_handle(&f, h, version))
 		return 1;
 	return lo_work(&f, iters);
@@ -90,7 +90,7 @@ int main(int argc, char **argv)
 		LO_FNS_LINKED(f);
 		rc = lo_work(&f, iters);
 #else
-		LO_FAIL("built without -DLO_LINKED");
+		RESULT_FAIL("built without -DLO_LINKED");
 #endif
 	} else if (!strcmp(mode, "dlsym-local")) {
 		rc = run_handle(dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL), 0, NULL, iters);
@@ -98,7 +98,7 @@ int main(int argc, char **argv)
 		rc = run_handle(dlopen("libibverbs.so.1", RTLD_NOW | RTLD_GLOBAL), 0, NULL, iters);
 	} else if (!strcmp(mode, "default-global")) {
 		if (!dlopen("libibverbs.so.1", RTLD_NOW | RTLD_GLOBAL))
-			LO_FAIL("dlopen: %s", dlerror());
+			RESULT_FAIL("dlopen: %s", dlerror());
 		rc = run_handle(RTLD_DEFAULT, 1, NULL, iters);
 	} else if (!strcmp(mode, "nccl")) {
 		void *h = dlopen("libibverbs.so", RTLD_NOW);
@@ -124,7 +124,7 @@ int main(int argc, char **argv)
 	} else if (!strcmp(mode, "vcompat")) {
 		void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
 		if (!h)
-			LO_FAIL("dlopen: %s", dlerror());
+			RESULT_FAIL("dlopen: %s", dlerror());
 		void *old = dlvsym(h, "ibv_get_device_list", "IBVERBS_1.0");
 		void *cur = dlsym(h, "ibv_get_device_list");
 		/* the 1.0 list is an array of 1.0 device structs: only its length is compared */
@@ -146,13 +146,13 @@ int main(int argc, char **argv)
 		rc = run_handle(a, 0, NULL, iters);
 		void *b = dlopen(path_in("b/libibverbs.so.1"), RTLD_NOW | RTLD_LOCAL);
 		if (!b)
-			LO_FAIL("dlopen b: %s", dlerror());
+			RESULT_FAIL("dlopen b: %s", dlerror());
 		if (dlclose(a))
-			LO_FAIL("dlclose a: %s", dlerror());
+			RESULT_FAIL("dlclose a: %s", dlerror());
 		printf("RELOAD a_unloaded=%d\n", dlopen(path_in("a/libibverbs.so.1"), RTLD_NOW | RTLD_NOLOAD) == NULL);
 		rc |= run_handle(b, 0, NULL, iters);
 	} else {
-		LO_FAIL("unknown mode %s", mode);
+		RESULT_FAIL("unknown mode %s", mode);
 	}
 	lo_print_loaded();
 	return rc;

@@ -33,13 +33,7 @@ struct cu_fns {
 	CUresult (*host_unregister)(void *);
 };
 
-#define FAIL(...)                                      \
-	do {                                           \
-		printf("RESULT FAIL ");                \
-		printf(__VA_ARGS__);                   \
-		printf("\n");                          \
-		return 1;                              \
-	} while (0)
+#include "result_fail.h"
 
 static int cu_work(const struct cu_fns *f)
 {
@@ -60,7 +54,7 @@ static int cu_work(const struct cu_fns *f)
 	       r_ctx, r_reg, r_gdp, d ? "set" : "0", r_attr, memtype, r_unreg);
 	free(buf);
 	if (r_init || r_dev || r_ctx || r_reg || r_gdp || r_unreg)
-		FAIL("a driver call failed");
+		RESULT_FAIL("a driver call failed");
 	printf("RESULT OK\n");
 	return 0;
 }
@@ -104,7 +98,7 @@ int main(int argc, char **argv)
 #ifdef LO_LINKED
 		return linked();
 #else
-		FAIL("built without -DLO_LINKED");
+		RESULT_FAIL("built without -DLO_LINKED");
 #endif
 	}
 	if (!strcmp(mode, "module-local")) {
@@ -112,34 +106,34 @@ int main(int argc, char **argv)
 		snprintf(path, sizeof(path), "%s/liblo_cuda.so", dir);
 		void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 		if (!h)
-			FAIL("dlopen %s: %s", path, dlerror());
+			RESULT_FAIL("dlopen %s: %s", path, dlerror());
 		int (*run)(void) = (int (*)(void))dlsym(h, "lo_cuda_run");
 		if (!run)
-			FAIL("dlsym lo_cuda_run");
+			RESULT_FAIL("dlsym lo_cuda_run");
 		return run();
 	}
 	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!h)
-		FAIL("dlopen libcuda.so.1: %s", dlerror());
+		RESULT_FAIL("dlopen libcuda.so.1: %s", dlerror());
 	if (!strcmp(mode, "dlsym-local")) {
 		for (unsigned i = 0; i < sizeof(symbols) / sizeof(symbols[0]); i++)
 			if (!(slot[i] = dlsym(h, symbols[i])))
-				FAIL("dlsym %s", symbols[i]);
+				RESULT_FAIL("dlsym %s", symbols[i]);
 		return cu_work(&f);
 	}
 	if (!strcmp(mode, "gpa")) {
 		CUresult (*gpa)(const char *, void **, int, uint64_t, int *) =
 			(CUresult(*)(const char *, void **, int, uint64_t, int *))dlsym(h, "cuGetProcAddress_v2");
 		if (!gpa)
-			FAIL("dlsym cuGetProcAddress_v2");
+			RESULT_FAIL("dlsym cuGetProcAddress_v2");
 		for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 			int st = -1;
 			/* cuCtxCreate at 12000 would be _v4, another signature */
 			if (gpa(names[i], &slot[i], i == 2 ? 3020 : 12000, 0, &st) || !slot[i])
-				FAIL("cuGetProcAddress %s", names[i]);
+				RESULT_FAIL("cuGetProcAddress %s", names[i]);
 		}
 		return cu_work(&f);
 	}
-	FAIL("unknown mode %s", mode);
+	RESULT_FAIL("unknown mode %s", mode);
 }
 #endif

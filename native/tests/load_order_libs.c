@@ -17,13 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#define FAIL(...)                                      \
-	do {                                           \
-		printf("RESULT FAIL ");                \
-		printf(__VA_ARGS__);                   \
-		printf("\n");                          \
-		return 1;                              \
-	} while (0)
+#include "result_fail.h"
 
 #ifdef LO_MODULE
 #include <rdma/fabric.h>
@@ -42,15 +36,15 @@ LO_EXPORT int lo_ofi_run(void)
 	hints->mode = ~0ull;
 	int r = fi_getinfo(FI_VERSION(1, 9), NULL, NULL, 0, hints, &info);
 	if (r)
-		FAIL("fi_getinfo %d", r);
+		RESULT_FAIL("fi_getinfo %d", r);
 	struct fid_fabric *fab;
 	struct fid_domain *dom;
 	struct fid_cq *cq;
 	struct fi_cq_attr attr = {.format = FI_CQ_FORMAT_CONTEXT, .size = 16};
 	if ((r = fi_fabric(info->fabric_attr, &fab, NULL)))
-		FAIL("fi_fabric %d", r);
+		RESULT_FAIL("fi_fabric %d", r);
 	if (fi_domain(fab, info, &dom, NULL) || fi_cq_open(dom, &attr, &cq, NULL))
-		FAIL("domain/cq");
+		RESULT_FAIL("domain/cq");
 	struct fi_cq_entry e;
 	int n = 0;
 	for (int i = 0; i < 100; i++)
@@ -106,7 +100,7 @@ LO_EXPORT int lo_ucp_run(void)
 {
 	ucp_config_t *cfg;
 	if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
-		FAIL("ucp_config_read");
+		RESULT_FAIL("ucp_config_read");
 	ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
 					UCP_PARAM_FIELD_REQUEST_INIT,
 			  .features = UCP_FEATURE_TAG,
@@ -116,19 +110,19 @@ LO_EXPORT int lo_ucp_run(void)
 	ucs_status_t s = ucp_init(&p, cfg, &ctx);
 	ucp_config_release(cfg);
 	if (s != UCS_OK)
-		FAIL("ucp_init %d", s);
+		RESULT_FAIL("ucp_init %d", s);
 	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
 	ucp_worker_h w;
 	if ((s = ucp_worker_create(ctx, &wp, &w)) != UCS_OK)
-		FAIL("ucp_worker_create %d", s);
+		RESULT_FAIL("ucp_worker_create %d", s);
 	ucp_address_t *addr;
 	size_t alen;
 	if (ucp_worker_get_address(w, &addr, &alen) != UCS_OK)
-		FAIL("ucp_worker_get_address");
+		RESULT_FAIL("ucp_worker_get_address");
 	ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = addr};
 	ucp_ep_h ep;
 	if ((s = ucp_ep_create(w, &ep_params, &ep)) != UCS_OK)
-		FAIL("ucp_ep_create %d", s);
+		RESULT_FAIL("ucp_ep_create %d", s);
 	char out[64], in[64];
 	memset(out, 0x5a, sizeof(out));
 	memset(in, 0, sizeof(in));
@@ -149,7 +143,7 @@ LO_EXPORT int lo_ucp_run(void)
 	ucp_cleanup(ctx);
 	printf("UCP sent=%d received=%d data=%s\n", sent, received, memcmp(in, out, sizeof(in)) ? "bad" : "ok");
 	if (!sent || !received)
-		FAIL("tag send/recv");
+		RESULT_FAIL("tag send/recv");
 	printf("RESULT OK\n");
 	return 0;
 }
@@ -162,10 +156,10 @@ int main(int argc, char **argv)
 	snprintf(path, sizeof(path), "%s/liblo_libs.so", argc > 2 ? argv[2] : ".");
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!h)
-		FAIL("dlopen %s: %s", path, dlerror());
+		RESULT_FAIL("dlopen %s: %s", path, dlerror());
 	int (*run)(void) = (int (*)(void))dlsym(h, !strcmp(what, "ucp") ? "lo_ucp_run" : "lo_ofi_run");
 	if (!run)
-		FAIL("dlsym: %s", dlerror());
+		RESULT_FAIL("dlsym: %s", dlerror());
 	return run();
 }
 #endif

@@ -24,7 +24,7 @@ LO_EXPORT int lo_module_run(int iters)
 #else
 	void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!h)
-		LO_FAIL("module dlopen libibverbs.so.1: %s", dlerror());
+		RESULT_FAIL("module dlopen libibverbs.so.1: %s", dlerror());
 	if (lo_fns_from_handle(&f, h, NULL))
 		return 1;
 #endif
@@ -35,9 +35,9 @@ LO_EXPORT int lo_module_chain(const char *module, int iters)
 {
 	void *h = dlopen(module, RTLD_NOW | RTLD_LOCAL);
 	if (!h)
-		LO_FAIL("module dlopen %s: %s", module, dlerror());
+		RESULT_FAIL("module dlopen %s: %s", module, dlerror());
 	int (*run)(int) = (int (*)(int))dlsym(h, "lo_module_run");
 	if (!run)
-		LO_FAIL("dlsym lo_module_run: %s", dlerror());
+		RESULT_FAIL("dlsym lo_module_run: %s", dlerror());
 	return run(iters);
 }

@@ -53,37 +53,35 @@ EXPORT CUresult cuDriverGetVersion(int *v)
 }
 EXPORT CUresult cuDeviceGetCount(int *n)
 {
-	NEED_INIT();
-	if (!n)
-		return CUDA_ERROR_INVALID_VALUE;
+	NEED_OUT(n);
 	*n = device_count;
 	return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal)
 {
-	NEED_INIT();
-	if (!d)
-		return CUDA_ERROR_INVALID_VALUE;
+	NEED_OUT(d);
 	if (ordinal < 0 || ordinal >= device_count)
 		return CUDA_ERROR_INVALID_DEVICE;
 	*d = ordinal;
 	return CUDA_SUCCESS;
 }
-EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+/* a device's string (name, bus id) into the caller's buffer of len bytes */
+static CUresult device_string(char *out, int len, const char *fmt, int v)
 {
 	NEED_INIT();
-	if (!name || len <= 0)
+	if (!out || len <= 0)
 		return CUDA_ERROR_INVALID_VALUE;
-	snprintf(name, (size_t)len, "sigmatrace emulated GPU %d", d);
+	snprintf(out, (size_t)len, fmt, v);
 	return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d)
+{
+	return device_string(name, len, "sigmatrace emulated GPU %d", d);
 }
 EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
 {
-	NEED_INIT();
-	if (!v)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (d < 0 || d >= device_count)
-		return CUDA_ERROR_INVALID_DEVICE;
+	NEED_OUT(v);
+	NEED_DEVICE(d);
 	switch (attr) {
 	case 16: *v = 4; break;                   /* MULTIPROCESSOR_COUNT */
 	case 19: *v = 1; break;                   /* CAN_MAP_HOST_MEMORY */
@@ -104,11 +102,8 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d)
 }
 EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
 {
-	NEED_INIT();
-	if (!u)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (d < 0 || d >= device_count)
-		return CUDA_ERROR_INVALID_DEVICE;
+	NEED_OUT(u);
+	NEED_DEVICE(d);
 	static const char base[16] = {'s', 'i', 'g', 'm', 'a', 't', 'r', 'a', 'c', 'e', '-', 'e', 'm', 'u', 0, 0};
 	memcpy(u->bytes, base, 16);
 	u->bytes[15] = (char)d;
@@ -117,17 +112,11 @@ EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d)
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
 EXPORT CUresult cuDeviceGetPCIBusId(char *s, int len, CUdevice d)
 {
-	NEED_INIT();
-	if (!s || len <= 0)
-		return CUDA_ERROR_INVALID_VALUE;
-	snprintf(s, (size_t)len, "0000:%02x:00.0", 0x10 + d);
-	return CUDA_SUCCESS;
+	return device_string(s, len, "0000:%02x:00.0", 0x10 + d);
 }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d)
 {
-	NEED_INIT();
-	if (!b)
-		return CUDA_ERROR_INVALID_VALUE;
+	NEED_OUT(b);
 	*b = 16ull << 30;
 	return CUDA_SUCCESS;
 }
@@ -141,11 +130,8 @@ EXPORT CUresult cuDeviceTotalMem(unsigned *b, CUdevice d)
 }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d)
 {
-	NEED_INIT();
-	if (!c)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (d < 0 || d >= device_count)
-		return CUDA_ERROR_INVALID_DEVICE;
+	NEED_OUT(c);
+	NEED_DEVICE(d);
 	__atomic_fetch_add(&primary_ctxs[d].refs, 1, __ATOMIC_RELAXED);
 	*c = &primary_ctxs[d];
 	return CUDA_SUCCESS;
@@ -167,9 +153,7 @@ EXPORT CUresult cuCtxDestroy(CUcontext c) { return cuCtxDestroy_v2(c); }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) { NEED_INIT(); current_ctx = c; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxGetCurrent(CUcontext *c)
 {
-	NEED_INIT();
-	if (!c)
-		return CUDA_ERROR_INVALID_VALUE;
+	NEED_OUT(c);
 	*c = current_ctx;
 	return CUDA_SUCCESS;
 }

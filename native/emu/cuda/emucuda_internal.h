@@ -65,6 +65,15 @@ extern HIDDEN __thread CUcontext current_ctx;
 			return CUDA_ERROR_NOT_INITIALIZED; \
 	} while (0)
 
+/* an out-pointer given (else CUDA_ERROR_INVALID_VALUE): after NEED_INIT, after NEED_CTX */
+#define NEED_PTR(p) do { if (!(p)) return CUDA_ERROR_INVALID_VALUE; } while (0)
+#define NEED_OUT(p) do { NEED_INIT(); NEED_PTR(p); } while (0)
+#define NEED_CTX_OUT(p) do { NEED_CTX(); NEED_PTR(p); } while (0)
+/* x = a zeroed object of its type, or CUDA_ERROR_OUT_OF_MEMORY */
+#define NEW_OR_OOM(x) do { (x) = calloc(1, sizeof *(x)); if (!(x)) return CUDA_ERROR_OUT_OF_MEMORY; } while (0)
+/* device d exists */
+#define NEED_DEVICE(d) do { if ((d) < 0 || (d) >= device_count) return CUDA_ERROR_INVALID_DEVICE; } while (0)
+
 #define NEED_CTX()                                         \
 	do {                                               \
 		NEED_INIT();                               \

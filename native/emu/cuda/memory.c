@@ -390,9 +390,7 @@ static CUresult ptr_attr(void *data, int attr, CUdeviceptr ptr)
 }
 EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr)
 {
-	NEED_INIT();
-	if (!data)
-		return CUDA_ERROR_INVALID_VALUE;
+	NEED_OUT(data);
 	pthread_rwlock_rdlock(&pt_lock);
 	CUresult r = ptr_attr(data, attr, ptr);
 	pthread_rwlock_unlock(&pt_lock);

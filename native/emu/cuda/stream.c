@@ -77,12 +77,9 @@ static void *copy_engine(void *arg)
 
 EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned flags)
 {
-	NEED_CTX();
-	if (!ps)
-		return CUDA_ERROR_INVALID_VALUE;
-	struct emu_stream *s = calloc(1, sizeof *s);
-	if (!s)
-		return CUDA_ERROR_OUT_OF_MEMORY;
+	NEED_CTX_OUT(ps);
+	struct emu_stream *s;
+	NEW_OR_OOM(s);
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
 	pthread_cond_init(&s->done_cond, NULL);
@@ -160,9 +157,8 @@ static CUresult copy(uint64_t dst, uint64_t src, size_t n, CUstream s, int check
 		struct stream_op o = {.kind = OP_COPY, .dst = dst, .src = src, .n = n};
 		return exec_op(&o) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 	}
-	struct stream_op *o = calloc(1, sizeof *o);
-	if (!o)
-		return CUDA_ERROR_OUT_OF_MEMORY;
+	struct stream_op *o;
+	NEW_OR_OOM(o);
 	*o = (struct stream_op){.kind = OP_COPY, .dst = dst, .src = src, .n = n};
 	enqueue(s, o);
 	return CUDA_SUCCESS;
@@ -197,12 +193,9 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n)
 
 EXPORT CUresult cuEventCreate(CUevent *pe, unsigned flags)
 {
-	NEED_CTX();
-	if (!pe)
-		return CUDA_ERROR_INVALID_VALUE;
-	struct emu_event *e = calloc(1, sizeof *e);
-	if (!e)
-		return CUDA_ERROR_OUT_OF_MEMORY;
+	NEED_CTX_OUT(pe);
+	struct emu_event *e;
+	NEW_OR_OOM(e);
 	e->flags = flags;
 	*pe = e;
 	return CUDA_SUCCESS;
@@ -216,9 +209,8 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s)
 		e->s = NULL;
 		return CUDA_SUCCESS;
 	}
-	struct stream_op *o = calloc(1, sizeof *o);
-	if (!o)
-		return CUDA_ERROR_OUT_OF_MEMORY;
+	struct stream_op *o;
+	NEW_OR_OOM(o);
 	o->kind = OP_EVENT;
 	uint64_t t = enqueue(s, o);
 	e->ticket = t;

@@ -37,16 +37,27 @@ static int take_pending(int fd)
 	return 0;
 }
 
-static void send_rej(int fd, int reason, const void *pdata, uint8_t len)
+static void msg_pdata(struct cmw_msg *m, const void *pdata, uint8_t len)
+{
+	if (pdata && len) {
+		memcpy(m->pdata, pdata, len);
+		m->pdlen = len;
+	}
+}
+
+/* A REJ, or (SIDR, UD ids) a SIDR REP with that status. */
+static void send_status(int fd, int type, int status, const void *pdata, uint8_t len)
 {
 	struct cmw_msg m;
-	cma_msg_init(&m, CMW_REJ);
-	m.status = (uint32_t)reason;
-	if (pdata && len) {
-		memcpy(m.pdata, pdata, len);
-		m.pdlen = len;
-	}
+	cma_msg_init(&m, type);
+	m.status = (uint32_t)status;
+	msg_pdata(&m, pdata, len);
 	cma_send(fd, &m);
+}
+
+static void send_rej(int fd, int reason, const void *pdata, uint8_t len)
+{
+	send_status(fd, CMW_REJ, reason, pdata, len);
 }
 
 static void send_simple(int fd, int type)
@@ -75,11 +86,57 @@ static struct cm_event *event_with_pdata(struct cm_id *c, struct cm_id *owner, i
 	return e;
 }
 
+/* What a REQ or REP (SIDR REQ or REP: ud) carries, as the event's parameters report it to the other
+ * side. */
+static void event_params_of(struct cm_event *e, const struct cmw_msg *m, int ud)
+{
+	if (ud) {
+		struct rdma_ud_param *u = &e->ev.param.ud;
+		u->ah_attr.dlid = (uint16_t)m->lid;
+		u->ah_attr.port_num = 1;
+		u->qp_num = m->qpn;
+		u->qkey = m->qkey;
+		return;
+	}
+	struct rdma_conn_param *cp = &e->ev.param.conn;
+	cp->responder_resources = m->init_depth;
+	cp->initiator_depth = m->resp_res;
+	cp->flow_control = m->flow_control;
+	cp->retry_count = m->retry_count;
+	cp->rnr_retry_count = m->rnr_retry_count;
+	cp->srq = m->srq;
+	cp->qp_num = m->qpn;
+}
+
+/* A REQ or REP of c: its QP (or the parameters' QPN), PSN, Q_Key, depths and private data. */
+static void msg_of_conn(struct cmw_msg *m, const struct cm_id *c, const struct rdma_conn_param *p)
+{
+	m->qpn = c->id.qp ? c->id.qp->qp_num : p ? p->qp_num : 0;
+	m->srq = c->id.qp ? !!c->id.qp->srq : p ? p->srq : 0;
+	m->psn = c->local_psn;
+	m->qkey = RDMA_UDP_QKEY;
+	m->resp_res = c->resp_res;
+	m->init_depth = c->init_depth;
+	m->flow_control = p ? p->flow_control : 0;
+	m->src = c->id.route.addr.src_storage;
+	if (p)
+		msg_pdata(m, p->private_data, p->private_data_len);
+}
+
 static void close_with(struct cm_id *c, int state)
 {
 	cma_close_sock(c);
 	c->state = state;
 	c->timer = CT_NONE;
+}
+
+/* In state `state`, c closes with event `type`. */
+static void closed_on(struct cm_id *c, int state, int type, int status)
+{
+	if (c->state == state) {
+		close_with(c, CS_CLOSED);
+		cma_queue_event(c, type, status);
+	}
 }
 
 int cma_modify_qp_err(struct cm_id *c)
@@ -104,18 +161,38 @@ static int valid_param(struct cm_id *c, const struct rdma_conn_param *p)
 	return 0;
 }
 
-CMA_EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p)
+/* id in `state` with valid connection parameters p, the library's lock taken; else NULL (errno
+ * EINVAL), unlocked. */
+static struct cm_id *lock_to_answer(struct rdma_cm_id *id, int state, const struct rdma_conn_param *p)
 {
-	if (!id)
-		return cma_err(EINVAL);
+	if (!id) {
+		cma_err(EINVAL);
+		return NULL;
+	}
 	struct cm_id *c = to_cid(id);
 	pthread_mutex_lock(&cma.lock);
+	if (c->state != state)
+		errno = EINVAL;
+	else if (!valid_param(c, p))
+		return c;
+	pthread_mutex_unlock(&cma.lock);
+	return NULL;
+}
+
+/* The end of a call that sent its message: 0 -> wait for what the caller asked for (a blocking
+ * channel's event), as librdmacm's ucma_complete. */
+static int unlock_then_complete(struct rdma_cm_id *id, int r)
+{
+	pthread_mutex_unlock(&cma.lock);
+	return r ? r : cma_complete(id);
+}
+
+CMA_EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p)
+{
+	struct cm_id *c = lock_to_answer(id, CS_ROUTE_RESOLVED, p);
+	if (!c)
+		return -1;
 	int r = -1;
-	if (c->state != CS_ROUTE_RESOLVED || valid_param(c, p)) {
-		if (c->state != CS_ROUTE_RESOLVED)
-			errno = EINVAL;
-		goto out;
-	}
 	int max = is_ud(c) ? CM_SIDR_REQ_PDATA : CM_REQ_PDATA;
 	if (!is_ib_family(c))
 		max -= CM_IP_HDR;
@@ -130,23 +207,12 @@ CMA_EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p)
 
 	struct cmw_msg m;
 	cma_msg_init(&m, is_ud(c) ? CMW_SIDR_REQ : CMW_REQ);
+	msg_of_conn(&m, c, p);
 	m.ps = c->id.ps;
 	m.qp_type = (uint8_t)c->id.qp_type;
-	m.qpn = c->id.qp ? c->id.qp->qp_num : p ? p->qp_num : 0;
-	m.srq = c->id.qp ? !!c->id.qp->srq : p ? p->srq : 0;
-	m.psn = c->local_psn;
-	m.qkey = RDMA_UDP_QKEY;
-	m.resp_res = c->resp_res;
-	m.init_depth = c->init_depth;
-	m.flow_control = p ? p->flow_control : 0;
 	m.retry_count = c->retry_count;
 	m.rnr_retry_count = c->rnr_retry_count;
-	m.src = c->id.route.addr.src_storage;
 	m.dst = c->id.route.addr.dst_storage;
-	if (p && p->private_data && p->private_data_len) {
-		memcpy(m.pdata, p->private_data, p->private_data_len);
-		m.pdlen = p->private_data_len;
-	}
 	c->connected_once = 1;
 	c->state = CS_REQ_SENT;
 	int fd = cma_agent_connect(c->peer.lid);
@@ -162,8 +228,7 @@ CMA_EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p)
 	}
 	r = 0;
 out:
-	pthread_mutex_unlock(&cma.lock);
-	return r ? r : cma_complete(id);
+	return unlock_then_complete(id, r);
 }
 
 /* A CONNECT_RESPONSE retrieved on an id with a QP: RTR, RTS and the RTU, or
@@ -234,6 +299,17 @@ CMA_EXPORT int rdma_listen(struct rdma_cm_id *id, int backlog)
 	return r;
 }
 
+/* The peer's QP, PSN and depths from its REQ or REP, as the IB CM sets them on this side: the
+ * peer's initiator depth is our responder resources and the other way round. */
+static void take_peer(struct cm_id *c, const struct cmw_msg *m)
+{
+	c->remote_qpn = m->qpn;
+	c->remote_psn = m->psn;
+	c->resp_res = m->init_depth;
+	c->init_depth = m->resp_res;
+	c->remote_rnr_retry = m->rnr_retry_count;
+}
+
 static struct cm_id *find_listener(const struct cmw_msg *m)
 {
 	const struct sockaddr *dst = (const struct sockaddr *)&m->dst;
@@ -258,14 +334,7 @@ static void on_req(int fd, const struct cmw_msg *m)
 	CMA_LOG("%s for %s (ps 0x%x) from lid %u: %s", ud ? "SIDR REQ" : "REQ",
 		cma_addr_str((const struct sockaddr *)&m->dst, b, sizeof b), m->ps, m->lid, l ? "listener" : "no listener");
 	if (!l) {
-		if (ud) {
-			struct cmw_msg r;
-			cma_msg_init(&r, CMW_SIDR_REP);
-			r.status = CM_SIDR_UNSUPPORTED;
-			cma_send(fd, &r);
-		} else {
-			send_rej(fd, CM_REJ_INVALID_SID, NULL, 0);
-		}
+		send_status(fd, ud ? CMW_SIDR_REP : CMW_REJ, ud ? CM_SIDR_UNSUPPORTED : CM_REJ_INVALID_SID, NULL, 0);
 		close(fd);
 		return;
 	}
@@ -285,15 +354,10 @@ static void on_req(int fd, const struct cmw_msg *m)
 	memcpy(c->peer.gid, m->gid, 16);
 	cma_fill_ibaddr(c);
 	cma_fill_path(c);
-	c->remote_qpn = m->qpn;
-	c->remote_psn = m->psn;
+	take_peer(c, m);
 	c->remote_qkey = m->qkey;
-	/* as the IB CM reports them to the passive side: swapped */
-	c->resp_res = m->init_depth;
-	c->init_depth = m->resp_res;
 	c->retry_count = m->retry_count;
 	c->rnr_retry_count = m->rnr_retry_count;
-	c->remote_rnr_retry = m->rnr_retry_count;
 	int size = ud ? CM_SIDR_REQ_PDATA : CM_REQ_PDATA;
 	if (((const struct sockaddr *)&m->dst)->sa_family != AF_IB)
 		size -= CM_IP_HDR;
@@ -305,38 +369,16 @@ static void on_req(int fd, const struct cmw_msg *m)
 		return;
 	}
 	e->ev.listen_id = &l->id;
-	if (ud) {
-		struct rdma_ud_param *u = &e->ev.param.ud;
-		u->ah_attr.dlid = (uint16_t)m->lid;
-		u->ah_attr.port_num = 1;
-		u->qp_num = m->qpn;
-		u->qkey = m->qkey;
-	} else {
-		struct rdma_conn_param *cp = &e->ev.param.conn;
-		cp->responder_resources = m->init_depth;
-		cp->initiator_depth = m->resp_res;
-		cp->flow_control = m->flow_control;
-		cp->retry_count = m->retry_count;
-		cp->rnr_retry_count = m->rnr_retry_count;
-		cp->srq = m->srq;
-		cp->qp_num = m->qpn;
-	}
+	event_params_of(e, m, ud);
 	cma_event_post(e);
 }
 
 CMA_EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *p)
 {
-	if (!id)
-		return cma_err(EINVAL);
-	struct cm_id *c = to_cid(id);
-	pthread_mutex_lock(&cma.lock);
+	struct cm_id *c = lock_to_answer(id, CS_REQ_RCVD, p);
+	if (!c)
+		return -1;
 	int r = -1;
-	if (c->state != CS_REQ_RCVD) {
-		errno = EINVAL;
-		goto out;
-	}
-	if (valid_param(c, p))
-		goto out;
 	if (!p || p->initiator_depth == RDMA_MAX_INIT_DEPTH)
 		c->init_depth = c->init_depth < CM_MAX_RD_ATOMIC ? c->init_depth : CM_MAX_RD_ATOMIC;
 	else
@@ -354,19 +396,8 @@ CMA_EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *p)
 		goto out;
 	struct cmw_msg m;
 	cma_msg_init(&m, is_ud(c) ? CMW_SIDR_REP : CMW_REP);
-	m.qpn = c->id.qp ? c->id.qp->qp_num : p ? p->qp_num : 0;
-	m.srq = c->id.qp ? !!c->id.qp->srq : p ? p->srq : 0;
-	m.psn = c->local_psn;
-	m.qkey = RDMA_UDP_QKEY;
-	m.resp_res = c->resp_res;
-	m.init_depth = c->init_depth;
-	m.flow_control = p ? p->flow_control : 0;
+	msg_of_conn(&m, c, p);
 	m.rnr_retry_count = p ? p->rnr_retry_count : 7;
-	m.src = c->id.route.addr.src_storage;
-	if (p && p->private_data && p->private_data_len) {
-		memcpy(m.pdata, p->private_data, p->private_data_len);
-		m.pdlen = p->private_data_len;
-	}
 	cma_send(c->sock, &m);   /* a dead peer shows as EOF on the socket */
 	if (is_ud(c)) {
 		close_with(c, CS_ESTABLISHED);   /* SIDR is done */
@@ -377,8 +408,7 @@ CMA_EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *p)
 	cma_set_timer(c, CT_RTU, cma.cm_timeout_ms, -ETIMEDOUT);
 	r = 0;
 out:
-	pthread_mutex_unlock(&cma.lock);
-	return r ? r : cma_complete(id);
+	return unlock_then_complete(id, r);
 }
 
 static int reject_with_reason(struct rdma_cm_id *id, const void *pdata, uint8_t len, int reason)
@@ -392,18 +422,8 @@ static int reject_with_reason(struct rdma_cm_id *id, const void *pdata, uint8_t 
 		r = cma_err(EINVAL);
 	} else if (len > (is_ud(c) ? CM_SIDR_REP_PDATA : CM_REJ_PDATA)) {
 		r = cma_err(EINVAL);
-	} else if (is_ud(c)) {
-		struct cmw_msg m;
-		cma_msg_init(&m, CMW_SIDR_REP);
-		m.status = CM_SIDR_REJECT;
-		if (pdata && len) {
-			memcpy(m.pdata, pdata, len);
-			m.pdlen = len;
-		}
-		cma_send(c->sock, &m);
-		close_with(c, CS_CLOSED);
 	} else {
-		send_rej(c->sock, reason, pdata, len);
+		send_status(c->sock, is_ud(c) ? CMW_SIDR_REP : CMW_REJ, is_ud(c) ? CM_SIDR_REJECT : reason, pdata, len);
 		close_with(c, CS_CLOSED);
 	}
 	pthread_mutex_unlock(&cma.lock);
@@ -463,14 +483,8 @@ void cma_destroy_conn(struct cm_id *c)
 			send_rej(c->sock, CM_REJ_TIMEOUT, NULL, 0);
 		break;
 	case CS_REQ_RCVD:
-		if (is_ud(c)) {
-			struct cmw_msg m;
-			cma_msg_init(&m, CMW_SIDR_REP);
-			m.status = CM_SIDR_REJECT;
-			cma_send(c->sock, &m);
-		} else {
-			send_rej(c->sock, CM_REJ_CONSUMER_DEFINED, NULL, 0);
-		}
+		send_status(c->sock, is_ud(c) ? CMW_SIDR_REP : CMW_REJ, is_ud(c) ? CM_SIDR_REJECT : CM_REJ_CONSUMER_DEFINED,
+			    NULL, 0);
 		break;
 	case CS_REP_SENT:
 	case CS_REP_RCVD:
@@ -507,21 +521,11 @@ void cma_handle_msg(int fd, const struct cmw_msg *m)
 		if (c->state != CS_REQ_SENT)
 			break;
 		c->timer = CT_NONE;
-		c->remote_qpn = m->qpn;
-		c->remote_psn = m->psn;
-		c->init_depth = m->resp_res;     /* what the REP grants, as the IB CM sets them */
-		c->resp_res = m->init_depth;
-		c->remote_rnr_retry = m->rnr_retry_count;
+		take_peer(c, m); /* what the REP grants */
 		c->state = CS_REP_RCVD;
 		e = event_with_pdata(c, c, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, m, CM_REP_PDATA);
 		if (e) {
-			struct rdma_conn_param *cp = &e->ev.param.conn;
-			cp->responder_resources = m->init_depth;
-			cp->initiator_depth = m->resp_res;
-			cp->flow_control = m->flow_control;
-			cp->rnr_retry_count = m->rnr_retry_count;
-			cp->srq = m->srq;
-			cp->qp_num = m->qpn;
+			event_params_of(e, m, 0);
 			cma_event_post(e);
 		}
 		break;
@@ -532,11 +536,7 @@ void cma_handle_msg(int fd, const struct cmw_msg *m)
 		e = event_with_pdata(c, c, m->status ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_ESTABLISHED,
 				     (int)m->status, m, CM_SIDR_REP_PDATA);
 		if (e) {
-			struct rdma_ud_param *u = &e->ev.param.ud;
-			u->ah_attr.dlid = (uint16_t)m->lid;
-			u->ah_attr.port_num = 1;
-			u->qp_num = m->qpn;
-			u->qkey = m->qkey;
+			event_params_of(e, m, 1);
 			c->remote_qpn = m->qpn;
 			c->remote_qkey = m->qkey;
 			cma_event_post(e);
@@ -569,10 +569,7 @@ void cma_handle_msg(int fd, const struct cmw_msg *m)
 		}
 		break;
 	case CMW_DREP:
-		if (c->state != CS_DREQ_SENT)
-			break;
-		close_with(c, CS_CLOSED);
-		cma_queue_event(c, RDMA_CM_EVENT_DISCONNECTED, 0);
+		closed_on(c, CS_DREQ_SENT, RDMA_CM_EVENT_DISCONNECTED, 0);
 		break;
 	default:
 		break;
@@ -651,16 +648,10 @@ void cma_timer_fired(struct cm_id *c)
 		}
 		break;
 	case CT_RTU:            /* no RTU */
-		if (c->state == CS_REP_SENT) {
-			close_with(c, CS_CLOSED);
-			cma_queue_event(c, RDMA_CM_EVENT_UNREACHABLE, status);
-		}
+		closed_on(c, CS_REP_SENT, RDMA_CM_EVENT_UNREACHABLE, status);
 		break;
 	case CT_DREQ:           /* no DREP */
-		if (c->state == CS_DREQ_SENT) {
-			close_with(c, CS_CLOSED);
-			cma_queue_event(c, RDMA_CM_EVENT_DISCONNECTED, status);
-		}
+		closed_on(c, CS_DREQ_SENT, RDMA_CM_EVENT_DISCONNECTED, status);
 		break;
 	default:
 		break;

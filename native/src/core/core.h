@@ -314,6 +314,7 @@ enum st_fork_rank {
 	ST_FORK_RANK_IDENTITY = 60,   /* st_ident_lock */
 	ST_FORK_RANK_OBJMAP = 70,     /* st_objmap_lock */
 	ST_FORK_RANK_HOOKS = 80,      /* the interposer's hook registry */
+	ST_FORK_RANK_RESOLVER = 90,   /* interpose/resolve.c: our walks of the loaded objects */
 };
 void st_fork_guard(pthread_mutex_t *m, unsigned rank) ST_HIDDEN;
 extern pthread_mutex_t st_objmap_lock ST_HIDDEN;

@@ -7,11 +7,13 @@
  * the lock-free cpumap.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 
+#include "arch.h"
 #include "hijack_private.h"
 
 uint64_t hijack_cpu_proxy_failed; /* CPU-doorbell proxies not installed (the real UAR was left alone) */
@@ -208,7 +210,8 @@ static int is_sharer(const struct page *pg, uint32_t qpn, uint16_t off)
  * (rdma-core's shared bfregs) is proxied on the same word (finding 9): the
  * poller is then the only writer of the real word, so its forwards never
  * interleave with a QP's 64-byte BlueFlame burst there (that QP, left on the
- * real register, wrote it outside the hijack's reach).  The later value on a
+ * real register, wrote it outside the hijack's reach; a QP that rdma-core rings
+ * there takes turns with the poller through the bfreg's ring lock, below).  The later value on a
  * shared proxy word hides the earlier one, so the poller catches the other
  * QPs of the word up from their doorbell records (poller.c). */
 /* Words off and its twin of pg are BlueFlame registers of bf_size bytes
@@ -263,6 +266,51 @@ void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn, uint32_t 
 	}
 	pthread_mutex_unlock(&hijack_lock);
 	return out ? out : cpu_proxy_failed_for("verbs QP", qpn);
+}
+
+/* ---- the real bfreg's two writers take turns (finding 9) -------------------------- */
+uint32_t *st_hijack_ring_lock(void *ctx, void *real_reg)
+{
+	uintptr_t reg = (uintptr_t)real_reg, pgaddr = reg & ~(uintptr_t)(PAGE_SZ - 1);
+	if (!ctx || !reg || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
+		return NULL;
+	/* lock-free (the ibv provider asks with its own lock held; hijack_lock nests outside it): a
+	 * page's fields are set before its live flag is published (cpu_page_new) */
+	for (int i = 0; i < MAX_PAGES; i++) {
+		struct page *pg = &hijack_pages[i];
+		if (__atomic_load_n(&pg->live, __ATOMIC_ACQUIRE) && pg->cpuproxy && pg->verbs && pg->ctx == ctx &&
+		    pg->page == pgaddr)
+			return hijack_ring_lock_of(pg, (uint16_t)(reg & (PAGE_SZ - 1)));
+	}
+	return NULL; /* a lock is in the static page table: valid memory for ever (a reused slot only serialises more) */
+}
+
+int st_hijack_ctx_proxied(void *ctx)
+{
+	if (!ctx || !__atomic_load_n(&cpumap_n, __ATOMIC_ACQUIRE))
+		return 0;
+	for (int i = 0; i < MAX_PAGES; i++) {
+		const struct page *pg = &hijack_pages[i];
+		if (__atomic_load_n(&pg->live, __ATOMIC_ACQUIRE) && pg->verbs && pg->ctx == ctx)
+			return 1;
+	}
+	return 0;
+}
+
+/* Held for one post or one forward: a few hundred ns, a preempted holder a time slice. */
+void st_hijack_ring_enter(uint32_t *lock)
+{
+	for (unsigned spin = 0; __atomic_exchange_n(lock, 1, __ATOMIC_ACQUIRE); spin++) {
+		if (spin & 63)
+			cpu_relax();
+		else
+			sched_yield();
+	}
+}
+
+void st_hijack_ring_leave(uint32_t *lock)
+{
+	__atomic_store_n(lock, 0, __ATOMIC_RELEASE);
 }
 
 /* ibv_close_device: the context's UAR pages go away with it; stop the pollers

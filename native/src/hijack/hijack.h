@@ -49,6 +49,17 @@ void *st_hijack_cpu_uar_release(void *app_reg) ST_HIDDEN;
  * the writer made into the proxy register whole (up to bf_size bytes). */
 #define ST_HIJACK_VERBS_UAR_PAGE 0xFFFFFFFFu /* page_id recorded for such pages */
 void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn, uint32_t bf_size) ST_HIDDEN;
+/* Finding 9, a QP that rdma-core rings itself (ibv_post_send, ibv_wr_complete) on a bfreg it shares
+ * with a proxied QP: rdma-core writes the real register under its own per-bfreg lock, which the
+ * poller cannot take, so the poller's forward could land inside that QP's 64-byte BlueFlame burst.
+ * st_hijack_ring_lock: the lock of the proxied bfreg that holds real register real_reg of context
+ * ctx (NULL: not proxied); the ibv provider holds it (enter/leave) around such a QP's posts and the
+ * poller around its forwards to that bfreg, so the two writers of the real word take turns.
+ * st_hijack_ctx_proxied: has ctx any verbs-QP proxy page (cheap; a QP made on it is looked up). */
+uint32_t *st_hijack_ring_lock(void *ctx, void *real_reg) ST_HIDDEN;
+int st_hijack_ctx_proxied(void *ctx) ST_HIDDEN;
+void st_hijack_ring_enter(uint32_t *lock) ST_HIDDEN;
+void st_hijack_ring_leave(uint32_t *lock) ST_HIDDEN;
 /* ibv_close_device: stop the pollers of this context's verbs-QP proxy pages
  * (the real UAR pages go away with the context). */
 void st_hijack_cpu_release_ctx(void *ctx) ST_HIDDEN;

@@ -195,6 +195,10 @@ struct page {
 	uint32_t owner[MAX_WATCH]; /* verbs: the QPN that rings each watched word (0: DevX UAR, OWNER_FREE) */
 	uint16_t bfsz[MAX_WATCH];  /* verbs: BlueFlame register size of each watched word (mlx5dv bf.size; 0: doorbell only) */
 	uint64_t bf_forwarded, bf_db, bf_torn; /* poller: BlueFlame copies forwarded whole; 8-byte doorbells on a BF word; copies never completed */
+	/* verbs: one lock per 512-byte bfreg of the real page (index (off >> 9) & 7), held by the poller
+	 * around every forward to it and by the ibv provider around rdma-core's own posts of QPs whose
+	 * real register is in it (cpu_doorbell.c, st_hijack_ring_lock) */
+	uint32_t ring_lock[8];
 	/* verbs QPs on a word another QP owns (shared bfregs): their register is
 	 * proxied too, the poller is the only writer of the real word, and it
 	 * catches up from the sharers' doorbell records (under hijack_lock;
@@ -220,6 +224,12 @@ struct page {
 	int exited;                /* the poller thread is about to return (atomic) */
 	int stuck;                 /* a stop/quiesce/detach gave up waiting for the poller (under hijack_lock) */
 };
+
+/* The lock of the bfreg (512 bytes: both BlueFlame halves) that holds offset off of a verbs page. */
+static inline uint32_t *hijack_ring_lock_of(struct page *pg, uint16_t off)
+{
+	return &pg->ring_lock[(off >> 9) & 7];
+}
 
 static inline const struct st_cudrv *drv(void)
 {

@@ -417,6 +417,7 @@ static void fork_child(void)
 			continue; /* untouched slot: do not dirty its copy-on-write pages */
 		pg->live = 0;
 		pg->thr_started = 0;
+		memset(pg->ring_lock, 0, sizeof pg->ring_lock); /* a poller of the parent may have held one */
 		pg->proxy = NULL; /* not mapped here (MADV_DONTFORK); never unmapped or unregistered by the child */
 		pg->proxy_dev = pg->real_dev = 0;
 		pg->stage = NULL;

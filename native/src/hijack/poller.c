@@ -64,6 +64,24 @@ static inline void forward_bf(volatile uint64_t *real, const uint64_t *src, size
 	mmio_flush_writes();
 }
 
+/* The forward of word k: a BlueFlame copy (bfn bytes of bf) or the 8-byte
+ * doorbell v.  On a verbs page, inside the bfreg's ring lock: rdma-core's
+ * own posts of QPs on that real register hold it too (ibv provider), so this
+ * store never lands inside their BlueFlame burst (finding 9). */
+static void forward_word(struct page *pg, int k, const uint64_t *bf, size_t bfn, uint64_t v)
+{
+	volatile uint64_t *real = (volatile uint64_t *)(pg->page + pg->offs[k]);
+	uint32_t *lock = pg->verbs ? hijack_ring_lock_of(pg, pg->offs[k]) : NULL;
+	if (lock)
+		st_hijack_ring_enter(lock);
+	if (bfn)
+		forward_bf(real, bf, bfn);
+	else
+		forward_doorbell(real, v);
+	if (lock)
+		st_hijack_ring_leave(lock);
+}
+
 /* Longest wait for a BlueFlame copy the writer has begun (its first 8 bytes
  * seen) to be complete in the proxy register.  The writer stores the copy
  * right after the ctrl word; a longer wait means it was preempted mid-copy. */
@@ -194,7 +212,6 @@ static void on_doorbell(struct page *pg, int k, int src, uint64_t v)
 	uint16_t pi16;
 	uint32_t qpn;
 	db_decode(v, &pi16, &qpn);
-	volatile uint64_t *real = (volatile uint64_t *)(pg->page + pg->offs[k]);
 	/* a GPU write is seen only after its device pointer was handed out, i.e.
 	 * after the attach request was posted: take it before anything else */
 	if (__atomic_load_n(&pg->gpu_seq, __ATOMIC_ACQUIRE) != pg->gpu_seen)
@@ -268,10 +285,7 @@ static void on_doorbell(struct page *pg, int k, int src, uint64_t v)
 	}
 	uint64_t bfbuf[32];
 	size_t bfn = src == 0 && pg->verbs && __atomic_load_n(&pg->bfsz[k], __ATOMIC_ACQUIRE) >= 64 ? bf_capture(pg, k, s, v, bfbuf) : 0;
-	if (bfn)
-		forward_bf(real, bfbuf, bfn);
-	else
-		forward_doorbell(real, v);
+	forward_word(pg, k, bfbuf, bfn, v);
 	/* record at the observation time */
 	struct st_event *e = st_reserve(1);
 	if (e) {
@@ -523,7 +537,7 @@ static void forward_only(struct page *pg)
 						continue;
 					if (s)
 						s->pi += (uint16_t)(pi16 - (uint16_t)s->pi);
-					forward_doorbell((volatile uint64_t *)(pg->page + pg->offs[k]), v);
+					forward_word(pg, k, NULL, 0, v);
 				}
 			}
 		}

@@ -28,15 +28,47 @@
  *
  * Nothing here is on a hot path: the ops-table wrappers (ibv post/poll) call the provider's
  * functions kept in their context entries and never come here.
+ *
+ * Fork: dl_iterate_phdr holds the loader's dl_load_write_lock, which glibc's fork does not reset
+ * in the child (2.36: only dl_load_lock and dl_load_tls_lock are re-initialised), so a child forked
+ * while another thread was in one of our walks hung at its own first walk (its first dlclose, or
+ * the first call of a shim not yet resolved) — a child the untraced program did not have.  Every
+ * walk of ours runs under walk_lock, which the fork handlers hold across fork (st_fork_guard, the
+ * last rank: a walk takes no other lock), so no walk of ours is in progress when the child is
+ * made.  A thread re-entering a walk from a signal handler walks without it (the loader's lock is
+ * recursive, ours is not).
  */
 #include <dlfcn.h>
 #include <limits.h>
 #include <link.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 
 #include "elf_lookup.h"
 #include "interpose.h"
+
+/* ---- walks, never across a fork ---------------------------------------------------------------- */
+
+static pthread_mutex_t walk_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int walking ST_TLS;
+
+__attribute__((constructor(102))) static void guard_walks_across_fork(void)
+{
+	st_fork_guard(&walk_lock, ST_FORK_RANK_RESOLVER);
+}
+
+static int walk(int (*cb)(struct dl_phdr_info *, size_t, void *), void *arg)
+{
+	if (walking) /* a signal handler on this thread, inside our walk */
+		return dl_iterate_phdr(cb, arg);
+	pthread_mutex_lock(&walk_lock);
+	walking = 1;
+	int r = dl_iterate_phdr(cb, arg);
+	walking = 0;
+	pthread_mutex_unlock(&walk_lock);
+	return r;
+}
 
 /* ---- the walk --------------------------------------------------------------------------------- */
 
@@ -100,7 +132,7 @@ void *st_resolve_real(const char *name)
 	f.result = NULL;
 	f.ifunc = 0;
 	f.path[0] = 0;
-	if (!dl_iterate_phdr(find_cb, &f) || !f.result)
+	if (!walk(find_cb, &f) || !f.result)
 		return NULL;
 	if (!f.ifunc)
 		return f.result;
@@ -168,7 +200,7 @@ static void drop_if_unloaded(void **slot)
 	if (!p)
 		return;
 	struct probe pr = {(uintptr_t)p, 0, 0};
-	dl_iterate_phdr(loaded_cb, &pr);
+	walk(loaded_cb, &pr);
 	if (!pr.found)
 		__atomic_compare_exchange_n(slot, &p, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 }
@@ -177,7 +209,7 @@ void st_real_after_dlclose(void)
 {
 	static unsigned long long seen_subs;
 	struct probe pr = {0, 0, 0};
-	dl_iterate_phdr(loaded_cb, &pr);
+	walk(loaded_cb, &pr);
 	unsigned long long last = __atomic_load_n(&seen_subs, __ATOMIC_ACQUIRE);
 	if (pr.subs == last)
 		return; /* nothing was unloaded since we last looked: the usual dlclose */

@@ -206,6 +206,34 @@ static const char *recv_from(struct ncclComm *c, int p, size_t len)
 	return at;
 }
 
+/* The next data message from peer p copied to dst: 0, or -1 on an error. */
+static int recv_into(struct ncclComm *c, int p, void *dst, size_t len)
+{
+	const char *in = recv_from(c, p, len);
+	if (!in)
+		return -1;
+	memcpy(dst, in, len);
+	return 0;
+}
+
+/* Slice p of src (len bytes each) to every other rank p; and the other way round, slice p of dst from
+ * every other rank p. */
+static int send_slices(struct ncclComm *c, const void *src, size_t len)
+{
+	for (int p = 0; p < c->nranks; p++)
+		if (p != c->rank && post_write(c, p, (const char *)src + (size_t)p * len, len, 0))
+			return -1;
+	return 0;
+}
+
+static int recv_slices(struct ncclComm *c, void *dst, size_t len)
+{
+	for (int p = 0; p < c->nranks; p++)
+		if (p != c->rank && recv_into(c, p, (char *)dst + (size_t)p * len, len))
+			return -1;
+	return 0;
+}
+
 /* ---- reductions -------------------------------------------------------------------------------------- */
 #define REDUCE_T(T)                                                                              \
 	do {                                                                                     \
@@ -217,18 +245,17 @@ static const char *recv_from(struct ncclComm *c, int p, size_t len)
 			       : op == ncclMin ? (a[i] < b[i] ? a[i] : b[i]) : (T)(a[i] + b[i]); \
 	} while (0)
 
+/* The datatypes the fake reduces: (ncclDataType_t, C type). */
+#define REDUCIBLE_TYPES(X)                                                                  \
+	X(ncclInt8, int8_t) X(ncclUint8, uint8_t) X(ncclInt32, int32_t) X(ncclUint32, uint32_t) \
+	X(ncclInt64, int64_t) X(ncclUint64, uint64_t) X(ncclFloat32, float) X(ncclFloat64, double)
+#define CASE_REDUCE(code, T) case code: REDUCE_T(T); break;
+#define CASE_AVG(code, T) case code: AVG_T(T); break;
+#define CASE_KNOWN(code, T) case code: return 1;
+
 static void reduce_into(void *acc, const void *in, size_t n, int dt, int op)
 {
-	switch (dt) {
-	case ncclInt8: REDUCE_T(int8_t); break;
-	case ncclUint8: REDUCE_T(uint8_t); break;
-	case ncclInt32: REDUCE_T(int32_t); break;
-	case ncclUint32: REDUCE_T(uint32_t); break;
-	case ncclInt64: REDUCE_T(int64_t); break;
-	case ncclUint64: REDUCE_T(uint64_t); break;
-	case ncclFloat32: REDUCE_T(float); break;
-	case ncclFloat64: REDUCE_T(double); break;
-	}
+	switch (dt) { REDUCIBLE_TYPES(CASE_REDUCE) }
 }
 
 #define AVG_T(T)                                     \
@@ -240,44 +267,23 @@ static void reduce_into(void *acc, const void *in, size_t n, int dt, int op)
 
 static void finish_avg(void *buf, size_t n, int dt, int nranks)
 {
-	switch (dt) {
-	case ncclInt8: AVG_T(int8_t); break;
-	case ncclUint8: AVG_T(uint8_t); break;
-	case ncclInt32: AVG_T(int32_t); break;
-	case ncclUint32: AVG_T(uint32_t); break;
-	case ncclInt64: AVG_T(int64_t); break;
-	case ncclUint64: AVG_T(uint64_t); break;
-	case ncclFloat32: AVG_T(float); break;
-	case ncclFloat64: AVG_T(double); break;
-	}
+	switch (dt) { REDUCIBLE_TYPES(CASE_AVG) }
 }
 
 static int reducible(int dt)
 {
-	return dt == ncclInt8 || dt == ncclUint8 || dt == ncclInt32 || dt == ncclUint32 || dt == ncclInt64 ||
-	       dt == ncclUint64 || dt == ncclFloat32 || dt == ncclFloat64;
+	switch (dt) { REDUCIBLE_TYPES(CASE_KNOWN) }
+	return 0;
 }
 
 /* ---- the algorithms ---------------------------------------------------------------------------------- */
 #define MOD(x) ((((x) % n) + n) % n)
 
-static int ring_reduce_scatter(struct ncclComm *c, char *acc, size_t esz, const size_t *lo, const size_t *hi,
-			       int dt, int redop, int first)
-{
-	int n = c->nranks, r = c->rank, next = MOD(r + 1), prev = MOD(r - 1);
-	for (int s = 0; s < n - 1; s++) {
-		int cs = MOD(first - s), cr = MOD(first - s - 1);
-		if (post_write(c, next, acc + lo[cs] * esz, (hi[cs] - lo[cs]) * esz, 0))
-			return -1;
-		const char *in = recv_from(c, prev, (hi[cr] - lo[cr]) * esz);
-		if (!in)
-			return -1;
-		reduce_into(acc + lo[cr] * esz, in, hi[cr] - lo[cr], dt, redop);
-	}
-	return 0;
-}
-
-static int ring_all_gather(struct ncclComm *c, char *buf, size_t esz, const size_t *lo, const size_t *hi, int first)
+/* n - 1 steps around the ring, starting with chunk `first`: send chunk cs to the next rank, receive
+ * chunk cr from the previous one and reduce it into buf (reduce-scatter, dt/redop) or copy it there
+ * (all-gather, dt < 0). */
+static int ring_pass(struct ncclComm *c, char *buf, size_t esz, const size_t *lo, const size_t *hi, int first, int dt,
+		     int redop)
 {
 	int n = c->nranks, r = c->rank, next = MOD(r + 1), prev = MOD(r - 1);
 	for (int s = 0; s < n - 1; s++) {
@@ -287,9 +293,23 @@ static int ring_all_gather(struct ncclComm *c, char *buf, size_t esz, const size
 		const char *in = recv_from(c, prev, (hi[cr] - lo[cr]) * esz);
 		if (!in)
 			return -1;
-		memcpy(buf + lo[cr] * esz, in, (hi[cr] - lo[cr]) * esz);
+		if (dt >= 0)
+			reduce_into(buf + lo[cr] * esz, in, hi[cr] - lo[cr], dt, redop);
+		else
+			memcpy(buf + lo[cr] * esz, in, (hi[cr] - lo[cr]) * esz);
 	}
 	return 0;
+}
+
+static int ring_reduce_scatter(struct ncclComm *c, char *acc, size_t esz, const size_t *lo, const size_t *hi,
+			       int dt, int redop, int first)
+{
+	return ring_pass(c, acc, esz, lo, hi, first, dt, redop);
+}
+
+static int ring_all_gather(struct ncclComm *c, char *buf, size_t esz, const size_t *lo, const size_t *hi, int first)
+{
+	return ring_pass(c, buf, esz, lo, hi, first, -1, 0);
 }
 
 static int run_op(struct ncclComm *c, struct op *o)
@@ -345,10 +365,8 @@ static int run_op(struct ncclComm *c, struct op *o)
 				memmove(o->recvbuf, o->sendbuf, bytes);
 			return n > 1 ? post_write(c, next, o->recvbuf, bytes, 0) : 0;
 		}
-		const char *in = recv_from(c, prev, bytes);
-		if (!in)
+		if (recv_into(c, prev, o->recvbuf, bytes))
 			return -1;
-		memcpy(o->recvbuf, in, bytes);
 		return next != o->root ? post_write(c, next, o->recvbuf, bytes, 0) : 0;
 	}
 	case K_REDUCE: {
@@ -374,55 +392,26 @@ static int run_op(struct ncclComm *c, struct op *o)
 		return bad ? -1 : 0;
 	}
 	case K_ALL_TO_ALL:
-		for (int p = 0; p < n; p++)
-			if (p != r && post_write(c, p, (const char *)o->sendbuf + (size_t)p * bytes, bytes, 0))
-				return -1;
+		if (send_slices(c, o->sendbuf, bytes))
+			return -1;
 		memmove((char *)o->recvbuf + (size_t)r * bytes, (const char *)o->sendbuf + (size_t)r * bytes, bytes);
-		for (int p = 0; p < n; p++) {
-			if (p == r)
-				continue;
-			const char *in = recv_from(c, p, bytes);
-			if (!in)
-				return -1;
-			memcpy((char *)o->recvbuf + (size_t)p * bytes, in, bytes);
-		}
-		return 0;
+		return recv_slices(c, o->recvbuf, bytes);
 	case K_GATHER:
 		if (r != o->root)
 			return post_write(c, o->root, o->sendbuf, bytes, 0);
 		memmove((char *)o->recvbuf + (size_t)r * bytes, o->sendbuf, bytes);
-		for (int p = 0; p < n; p++) {
-			if (p == r)
-				continue;
-			const char *in = recv_from(c, p, bytes);
-			if (!in)
-				return -1;
-			memcpy((char *)o->recvbuf + (size_t)p * bytes, in, bytes);
-		}
-		return 0;
+		return recv_slices(c, o->recvbuf, bytes);
 	case K_SCATTER:
-		if (r == o->root) {
-			for (int p = 0; p < n; p++)
-				if (p != r && post_write(c, p, (const char *)o->sendbuf + (size_t)p * bytes, bytes, 0))
-					return -1;
-			memmove(o->recvbuf, (const char *)o->sendbuf + (size_t)r * bytes, bytes);
-			return 0;
-		} else {
-			const char *in = recv_from(c, o->root, bytes);
-			if (!in)
-				return -1;
-			memcpy(o->recvbuf, in, bytes);
-			return 0;
-		}
+		if (r != o->root)
+			return recv_into(c, o->root, o->recvbuf, bytes);
+		if (send_slices(c, o->sendbuf, bytes))
+			return -1;
+		memmove(o->recvbuf, (const char *)o->sendbuf + (size_t)r * bytes, bytes);
+		return 0;
 	case K_SEND:
 		return post_write(c, o->root, o->sendbuf, bytes, 0);
-	case K_RECV: {
-		const char *in = recv_from(c, o->root, bytes);
-		if (!in)
-			return -1;
-		memcpy(o->recvbuf, in, bytes);
-		return 0;
-	}
+	case K_RECV:
+		return recv_into(c, o->root, o->recvbuf, bytes);
 	}
 	return -1;
 }

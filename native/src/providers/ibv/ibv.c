@@ -81,6 +81,22 @@ struct st_ibv_qp *st_ibv_qp_find(const struct ibv_context *c, uint32_t qpn)
 #define QP_MOVING ((const struct ibv_context *)1)
 static uint64_t qp_untracked; /* QPs that found no slot (traced without state); under st_ibv_lock */
 
+/* Slot q becomes (c, qpn)'s; a slot that held a destroyed QP is hidden from readers meanwhile. */
+static struct st_ibv_qp *qp_slot_take(struct st_ibv_qp *q, int was_dead, const struct ibv_context *c, uint32_t qpn)
+{
+	if (was_dead)
+		__atomic_store_n(&q->ctx, QP_MOVING, __ATOMIC_RELEASE);
+	q->qpn = qpn;
+	q->xcur = -1;
+	q->live = q->dead = 0;
+	q->dest_qpn = q->peer_node = 0;
+	q->ibqp = NULL;
+	__atomic_store_n(&q->ring_lock, NULL, __ATOMIC_RELEASE);
+	__atomic_store_n(&q->qpx, NULL, __ATOMIC_RELEASE); /* its qp_ex allocations stay for the next user */
+	__atomic_store_n(&q->ctx, c, __ATOMIC_RELEASE);
+	return q;
+}
+
 struct st_ibv_qp *st_ibv_qp_get(const struct ibv_context *c, uint32_t qpn)
 {
 	struct st_ibv_qp *q = st_ibv_qp_find(c, qpn);
@@ -98,32 +114,37 @@ struct st_ibv_qp *st_ibv_qp_get(const struct ibv_context *c, uint32_t qpn)
 		if (s->ctx && s->dead && !dead)
 			dead = s; /* a destroyed QP's slot: taken if the key is not further on */
 		if (!s->ctx) {
-			q = dead ? dead : s;
-			if (dead)
-				__atomic_store_n(&q->ctx, QP_MOVING, __ATOMIC_RELEASE);
-			q->qpn = qpn;
-			q->xcur = -1;
-			q->live = q->dead = 0;
-			q->dest_qpn = q->peer_node = 0;
-			__atomic_store_n(&q->qpx, NULL, __ATOMIC_RELEASE); /* its qp_ex allocations stay for the next user */
-			__atomic_store_n(&q->ctx, c, __ATOMIC_RELEASE);
+			q = qp_slot_take(dead ? dead : s, dead != NULL, c, qpn);
 			break;
 		}
 	}
-	if (!q && dead) { /* the window is full of other keys, but one is dead */
-		q = dead;
-		__atomic_store_n(&q->ctx, QP_MOVING, __ATOMIC_RELEASE);
-		q->qpn = qpn;
-		q->xcur = -1;
-		q->live = q->dead = 0;
-		q->dest_qpn = q->peer_node = 0;
-		__atomic_store_n(&q->qpx, NULL, __ATOMIC_RELEASE);
-		__atomic_store_n(&q->ctx, c, __ATOMIC_RELEASE);
-	}
+	if (!q && dead) /* the window is full of other keys, but one is dead */
+		q = qp_slot_take(dead, 1, c, qpn);
 	if (!q && qp_untracked++ == 0)
 		st_warn("ibv: QP table full around QPN %#x: QPs traced without their state (peer, qp_ex batches)", qpn);
 	pthread_mutex_unlock(&st_ibv_lock);
 	return q; /* NULL when the neighbourhood holds 64 live QPs: the QP is traced without state */
+}
+
+/* ---- ring locks (finding 9, hijack.h) --------------------------------------- */
+static void qp_ring_lock_set(struct st_ibv_qp *q, struct ibv_qp *qp)
+{
+	uint32_t *lock = st_mlx5_verbs_ring_lock ? st_mlx5_verbs_ring_lock(qp) : NULL;
+	__atomic_store_n(&q->ring_lock, lock, __ATOMIC_RELEASE);
+	struct st_ibv_ctx *c = lock ? st_ibv_ctx_find(qp->context) : NULL;
+	if (c)
+		__atomic_store_n(&c->ring_locks, 1, __ATOMIC_RELEASE);
+}
+
+void st_ibv_ring_locks_refresh(const struct ibv_context *ctx)
+{
+	pthread_mutex_lock(&st_ibv_lock); /* no slot changes hands meanwhile */
+	for (unsigned i = 0; i < QP_SLOTS; i++) {
+		struct st_ibv_qp *q = &qp_tab[i];
+		if (q->ctx == ctx && q->live && !q->dead && q->ibqp)
+			qp_ring_lock_set(q, q->ibqp);
+	}
+	pthread_mutex_unlock(&st_ibv_lock);
 }
 
 /* ---- what the shims record (the `record` column of ibv_shims.def) --------- */
@@ -144,6 +165,8 @@ void st_ibv_qp_created(struct ibv_qp *qp, const struct ibv_qp_init_attr_ex *ax, 
 		q->xn = q->xtotal = 0;
 		q->xbytes = 0;
 		q->xcur = -1;
+		q->ibqp = qp;
+		qp_ring_lock_set(q, qp);
 	}
 	struct st_ibv_ctx *c = st_ibv_ctx_find(qp->context);
 	const struct ibv_qp_cap *cap = ax ? &ax->cap : a ? &a->cap : NULL;
@@ -350,6 +373,7 @@ ST_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 		struct st_ibv_qp *q = st_ibv_qp_find(ctx, qpn);
 		if (q) {
 			q->live = 0;
+			__atomic_store_n(&q->ring_lock, NULL, __ATOMIC_RELEASE);
 			/* a QP created later with this number must not inherit the
 			 * old qp_ex state: the pointer check in the wr_* wrappers
 			 * uses qpx, cleared here */

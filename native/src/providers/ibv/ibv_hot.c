@@ -27,7 +27,9 @@
  * were not and are not recorded.
  *
  * No allocation, no lock: a context lookup (one compare for the first
- * context), a walk of the WR chain, and 24-byte records.  What is shared
+ * context), a walk of the WR chain, and 24-byte records.  (One exception,
+ * finding 9: a post_send on a QP whose real BlueFlame register the hijack
+ * also forwards to holds that register's ring lock.)  What is shared
  * between wrappers is shared by macros that expand in place, so no wrapper
  * makes a call or a pointer hop more than before.
  */
@@ -71,47 +73,86 @@ static inline void wr_remote(const struct ibv_send_wr *wr, uint64_t *raddr, uint
 /* The start every post wrapper shares, expanded in place (no call, no
  * pointer beyond the provider's): find the provider's function in the
  * context entry; provider off: forward; on: stamp the application's call,
- * make it, keep errno, and see where the accepted WRs stop (*bad, on
- * failure). */
-#define POST_CALL(owner, slot, wr_type)                                                         \
+ * make it (`call`, with c in scope), keep errno, and see where the accepted
+ * WRs stop (*bad, on failure). */
+#define POST_CALL(owner, call, wr_type)                                                         \
 	struct st_ibv_ctx *c = st_ibv_ctx_find((owner)->context);                               \
 	if (unlikely(!c)) /* the context went away under us: nothing to call */                 \
 		return EINVAL;                                                                  \
 	if (!st_provider_on(ST_PROV_IBV))                                                       \
-		return c->slot(owner, wr, bad);                                                 \
+		return call;                                                                    \
 	uint64_t t0 = st_tsc();                                                                 \
-	int ret = c->slot(owner, wr, bad);                                                      \
+	int ret = call;                                                                         \
 	int saved = errno;                                                                      \
 	const wr_type *stop = (ret && bad) ? *bad : NULL
 
+/* After POST_CALL on a QP: the accepted WRs.  Aggregate mode: a counter per WR
+ * (opcode agg_opcode, of w), and the wrapper returns.  Else they are counted
+ * (n, total bytes) and the code given last runs for every one in full mode (w and its
+ * bytes in scope); the wrapper then records the call. */
+#define POST_WRS(wr_type, agg_ev, agg_opcode, ...)                                                   \
+	uint32_t qpn = qp->qp_num;                                                                   \
+	if (st_aggregate()) {                                                                        \
+		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));                    \
+		for (const wr_type *w = wr; w && w != stop; w = w->next)                             \
+			st_agg_add(agg_ev, agg_opcode, qpn, peer, sge_bytes(w->sg_list, w->num_sge)); \
+		errno = saved;                                                                       \
+		return ret;                                                                          \
+	}                                                                                            \
+	int full = st_full();                                                                        \
+	unsigned n = 0;                                                                              \
+	uint64_t total = 0;                                                                          \
+	for (const wr_type *w = wr; w && w != stop; w = w->next) {                                   \
+		uint32_t bytes = sge_bytes(w->sg_list, w->num_sge);                                  \
+		total += bytes;                                                                      \
+		n++;                                                                                 \
+		if (full) {                                                                          \
+			__VA_ARGS__;                                                                 \
+		}                                                                                    \
+	}
+
+/* rdma-core rings the QP's real BlueFlame register inside post_send; where the
+ * hijack's poller forwards to the same bfreg for a proxied QP, the post holds
+ * that bfreg's ring lock (finding 9, hijack.h), traced or not.  Other
+ * contexts pay one load. */
+static inline int rung_under_lock(uint32_t *lock, int ret)
+{
+	int saved = errno;
+	st_hijack_ring_leave(lock);
+	errno = saved;
+	return ret;
+}
+
+static inline uint32_t *qp_ring_lock(const struct st_ibv_ctx *c, const struct ibv_qp *qp)
+{
+	if (likely(!__atomic_load_n(&c->ring_locks, __ATOMIC_RELAXED)))
+		return NULL;
+	const struct st_ibv_qp *q = st_ibv_qp_find(qp->context, qp->qp_num);
+	return q ? __atomic_load_n(&q->ring_lock, __ATOMIC_ACQUIRE) : NULL;
+}
+
+static int post_send_ringing(const struct st_ibv_ctx *c, struct ibv_qp *qp, struct ibv_send_wr *wr,
+			     struct ibv_send_wr **bad)
+{
+	uint32_t *lock = qp_ring_lock(c, qp);
+	if (likely(!lock))
+		return c->post_send(qp, wr, bad);
+	st_hijack_ring_enter(lock);
+	return rung_under_lock(lock, c->post_send(qp, wr, bad));
+}
+
 static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
-	POST_CALL(qp, post_send, struct ibv_send_wr);
-	uint32_t qpn = qp->qp_num;
-	if (st_aggregate()) {
-		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));
-		for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next)
-			st_agg_add(ST_EV_IBV_SEND_WR, (uint16_t)w->opcode, qpn, peer, sge_bytes(w->sg_list, w->num_sge));
-		errno = saved;
-		return ret;
-	}
-	int full = st_full();
-	unsigned n = 0;
-	uint64_t total = 0;
-	for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next) {
-		uint32_t bytes = sge_bytes(w->sg_list, w->num_sge);
-		total += bytes;
-		n++;
-		if (full) {
-			uint64_t raddr;
-			uint32_t rkey;
-			wr_remote(w, &raddr, &rkey);
-			if (qp->qp_type == IBV_QPT_UD && !raddr)
-				raddr = w->wr.ud.remote_qpn;
-			st_ev_ext_at(t0, ST_EV_IBV_SEND_WR, (uint16_t)((w->opcode & 0xff) | ((w->send_flags & 0xff) << 8)),
-				     qpn, w->wr_id, raddr, (uint16_t)w->num_sge, rkey, bytes);
-		}
-	}
+	POST_CALL(qp, post_send_ringing(c, qp, wr, bad), struct ibv_send_wr);
+	POST_WRS(struct ibv_send_wr, ST_EV_IBV_SEND_WR, (uint16_t)w->opcode, {
+		uint64_t raddr;
+		uint32_t rkey;
+		wr_remote(w, &raddr, &rkey);
+		if (qp->qp_type == IBV_QPT_UD && !raddr)
+			raddr = w->wr.ud.remote_qpn;
+		st_ev_ext_at(t0, ST_EV_IBV_SEND_WR, (uint16_t)((w->opcode & 0xff) | ((w->send_flags & 0xff) << 8)), qpn,
+			     w->wr_id, raddr, (uint16_t)w->num_sge, rkey, bytes);
+	});
 	st_ev_ext_at(t0, ST_EV_IBV_POST_SEND, (uint16_t)(n > 0xffff ? 0xffff : n), qpn, total,
 		     wr ? wr->wr_id : 0, wr ? (uint16_t)wr->opcode : 0, (uint32_t)ret, 0);
 	errno = saved;
@@ -120,27 +161,10 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 
 static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-	POST_CALL(qp, post_recv, struct ibv_recv_wr);
-	uint32_t qpn = qp->qp_num;
-	if (st_aggregate()) {
-		uint64_t peer = st_ibv_qp_peer(st_ibv_qp_find(qp->context, qpn));
-		for (const struct ibv_recv_wr *w = wr; w && w != stop; w = w->next)
-			st_agg_add(ST_EV_IBV_RECV_WR, 0, qpn, peer, sge_bytes(w->sg_list, w->num_sge));
-		errno = saved;
-		return ret;
-	}
-	int full = st_full();
-	unsigned n = 0;
-	uint64_t total = 0;
-	for (const struct ibv_recv_wr *w = wr; w && w != stop; w = w->next) {
-		uint32_t bytes = sge_bytes(w->sg_list, w->num_sge);
-		total += bytes;
-		n++;
-		if (full)
-			st_ev_ext_at(t0, ST_EV_IBV_RECV_WR, (uint16_t)w->num_sge, qpn, w->wr_id,
-				     w->num_sge ? w->sg_list[0].addr : 0, 0, w->num_sge ? w->sg_list[0].lkey : 0,
-				     bytes);
-	}
+	POST_CALL(qp, c->post_recv(qp, wr, bad), struct ibv_recv_wr);
+	POST_WRS(struct ibv_recv_wr, ST_EV_IBV_RECV_WR, 0,
+		 st_ev_ext_at(t0, ST_EV_IBV_RECV_WR, (uint16_t)w->num_sge, qpn, w->wr_id,
+			      w->num_sge ? w->sg_list[0].addr : 0, 0, w->num_sge ? w->sg_list[0].lkey : 0, bytes));
 	st_ev_ext_at(t0, ST_EV_IBV_POST_RECV, (uint16_t)(n > 0xffff ? 0xffff : n), qpn, total, wr ? wr->wr_id : 0, 0,
 		     (uint32_t)ret, 0);
 	errno = saved;
@@ -149,7 +173,7 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 
 static int wrap_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-	POST_CALL(srq, post_srq_recv, struct ibv_recv_wr);
+	POST_CALL(srq, c->post_srq_recv(srq, wr, bad), struct ibv_recv_wr);
 	uint32_t id = st_obj_id(srq, NULL);
 	unsigned n = 0;
 	uint64_t total = 0;
@@ -356,7 +380,12 @@ static int x_wr_complete(struct ibv_qp_ex *qpx)
 	if (unlikely(!q))
 		return EINVAL;
 	uint64_t t0 = st_tsc();
+	uint32_t *lock = __atomic_load_n(&q->ring_lock, __ATOMIC_ACQUIRE); /* rings like post_send */
+	if (lock)
+		st_hijack_ring_enter(lock);
 	int ret = q->xops->wr_complete(qpx);
+	if (lock)
+		ret = rung_under_lock(lock, ret);
 	if (!st_provider_on(ST_PROV_IBV)) {
 		xwr_reset(q);
 		return ret;

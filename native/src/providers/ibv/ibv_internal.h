@@ -54,6 +54,7 @@ struct st_ibv_ctx {
 	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *, struct ibv_cq_init_attr_ex *);
 	char name[ST_IBV_NAME_MAX];
 	uint64_t node_guid; /* host order */
+	uint32_t ring_locks; /* some QP of this context has a ring_lock: post_send looks its QP up */
 };
 
 extern struct st_ibv_ctx st_ibv_ctxs[ST_IBV_MAX_CTX] ST_HIDDEN; /* ibv_context.c */
@@ -101,6 +102,11 @@ struct st_ibv_qp {
 	uint32_t peer_node;  /* dlid, or the low 32 bits of the dgid (RoCE) */
 	uint8_t qp_type;
 	uint8_t sq_sig_all;
+	struct ibv_qp *ibqp;
+	/* finding 9: the real BlueFlame register rdma-core rings for this QP is in a bfreg the hijack
+	 * proxies for another QP (or for this one): its posts hold this lock, the poller's forwards to
+	 * that bfreg too (hijack.h, st_hijack_ring_lock); NULL otherwise */
+	uint32_t *ring_lock;
 	/* ibv_qp_ex API (set once the qp_ex is patched) */
 	struct ibv_qp_ex *qpx;
 	struct st_ibv_qp_ex_ops *xops;
@@ -118,6 +124,13 @@ static inline uint64_t st_ibv_qp_peer(const struct st_ibv_qp *q)
 
 struct st_ibv_qp *st_ibv_qp_find(const struct ibv_context *c, uint32_t qpn) ST_HIDDEN;
 struct st_ibv_qp *st_ibv_qp_get(const struct ibv_context *c, uint32_t qpn) ST_HIDDEN; /* find or insert */
+
+/* Finding 9 (hijack.h): the ring lock of a QP, from the mlx5 provider (weak: NULL without it or
+ * the hijack); every live QP of ctx asks again when the hijack proxies a register of ctx. */
+uint32_t *st_mlx5_verbs_ring_lock(struct ibv_qp *qp) __attribute__((weak)) ST_HIDDEN;
+void st_ibv_ring_locks_refresh(const struct ibv_context *ctx) ST_HIDDEN;
+void st_hijack_ring_enter(uint32_t *lock) __attribute__((weak)) ST_HIDDEN;
+void st_hijack_ring_leave(uint32_t *lock) __attribute__((weak)) ST_HIDDEN;
 
 /* Called for every context handed to the application (ibv_open_device,
  * mlx5dv_open_device): patches its ops, records IBV_OPEN_DEVICE and the NIC

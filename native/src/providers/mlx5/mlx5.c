@@ -43,6 +43,8 @@ void *st_hijack_cpu_uar(void *reg_addr, void *base_addr, uint32_t page_id, void 
 void *st_hijack_cpu_uar_release(void *app_reg) __attribute__((weak)) ST_HIDDEN;
 void *st_hijack_cpu_verbs_reg(void *reg_addr, void *ctx, uint32_t qpn, uint32_t bf_size) __attribute__((weak)) ST_HIDDEN;
 void st_hijack_forget_verbs_qp(uint32_t qpn, uint32_t sq_umem_id, uint32_t dbr_umem_id) __attribute__((weak)) ST_HIDDEN;
+uint32_t *st_hijack_ring_lock(void *ctx, void *real_reg) __attribute__((weak)) ST_HIDDEN;
+int st_hijack_ctx_proxied(void *ctx) __attribute__((weak)) ST_HIDDEN;
 
 /* a verbs QP's SQ and doorbell record are host memory the hijack reads like a
  * umem: synthetic umem ids, out of the kernel's range (they count from 1) */
@@ -224,7 +226,31 @@ static void *verbs_qp_doorbells(const struct ibv_qp *qp, struct mlx5dv_qp *dv)
 	st_hijack_note_umem(ST_VERBS_DBR_UMEM(qpn), (void *)dv->dbrec, 8, 0);
 	st_hijack_note_qp(qpn, 0, ST_VERBS_SQ_UMEM(qpn), 0, log_sq, ST_VERBS_DBR_UMEM(qpn), 0);
 	dv->bf.reg = proxy;
+	/* the context's QPs rdma-core rings on that bfreg now post under its ring lock (this one too) */
+	if (st_hijack_ring_lock)
+		st_ibv_ring_locks_refresh(qp->context);
 	return proxy;
+}
+
+/* Finding 9: the ring lock of the bfreg that holds the real BlueFlame register rdma-core rings for
+ * qp, when the hijack proxies that bfreg for some QP of the context (NULL otherwise).  The register
+ * is asked of libmlx5 with the real mlx5dv_init_obj, which for a QP only reports where its rings
+ * are (rdma-core's mlx5dv_get_qp): nothing is recorded, the application sees nothing. */
+uint32_t *st_mlx5_verbs_ring_lock(struct ibv_qp *qp)
+{
+	if (!qp || !st_hijack_ring_lock || !st_hijack_ctx_proxied || !st_hijack_ctx_proxied(qp->context) ||
+	    !ST_REAL(real_mlx5dv_init_obj, "mlx5dv_init_obj"))
+		return NULL;
+	struct mlx5dv_qp dv;
+	memset(&dv, 0, sizeof dv);
+	struct mlx5dv_obj o;
+	memset(&o, 0, sizeof o);
+	o.qp.in = qp;
+	o.qp.out = &dv;
+	int saved = errno;
+	int r = real_mlx5dv_init_obj(&o, MLX5DV_OBJ_QP);
+	errno = saved;
+	return r == 0 && dv.bf.reg ? st_hijack_ring_lock(qp->context, dv.bf.reg) : NULL;
 }
 
 /* ibv_destroy_qp (ibv provider): the hijack forgets a verbs QP's SQ. */

@@ -4,10 +4,10 @@
  * thread posts for it (docs/schema.md, "collectives").
  *
  * NCCL's API is a set of exported functions of libnccl.so.2, so symbol
- * shims (plus dlsym injection through the shared hook table) see every
- * call; the shims are listed in nccl_shims.def (X-macros): the collectives
- * and point-to-point calls, all of one shape, are generated from it, the
- * communicator and group calls are written out below.  We never link
+ * call; the shims are listed in nccl_shims.def (X-macros) and all but the
+ * three group calls are generated from it in one shape (NCCL_SHIM): the
+ * collectives and point-to-point calls record with coll_record, each
+ * communicator call with a function of its own below (<row>_done).  We never link
  * libnccl: the real functions come from ST_REAL (the next definition), and
  * helpers (ncclCommCount, ncclCommUserRank, ncclCommCuDevice,
  * ncclGetVersion) are resolved the same way when a communicator is made.
@@ -81,6 +81,9 @@ static __thread int group_depth ST_TLS;
 #define ST_NCCL_COLL(name, kind, params, args, count, datatype, redop, peer, comm, stream) \
 	static ncclResult_t(*real_##name) params;                                           \
 	ncclResult_t name params;
+#define ST_NCCL_CALL(name, params, args, after) \
+	static ncclResult_t(*real_##name) params;  \
+	ncclResult_t name params;
 #define ST_NCCL_BY_HAND(name, ret_type, params) \
 	static ret_type(*real_##name) params;    \
 	ret_type name params;
@@ -95,6 +98,25 @@ static __thread int group_depth ST_TLS;
 		var = real args;  \
 		nccl_depth--;     \
 	} while (0)
+
+/* The one shape of every generated shim: the real function, or ncclInternalError without one;
+ * not recording: a plain forward; else the entry time t0 (the expression), the call under the
+ * provider's guard, and `after` (a statement: t0, ret and the parameters in scope). */
+#define NCCL_SHIM(name, params, args, t0_expr, after)    \
+	ST_EXPORT ncclResult_t name params                \
+	{                                                 \
+		__typeof__(real_##name) real = R(name);   \
+		if (unlikely(!real))                      \
+			return ncclInternalError;         \
+		if (!ON())                                \
+			return real args;                 \
+		uint64_t t0 = t0_expr;                    \
+		ncclResult_t ret;                         \
+		CALL(ret, real, args);                    \
+		after;                                    \
+		return ret;                               \
+	}
+#define NCCL_ARGS(...) __VA_ARGS__ /* (a, b) -> a, b */
 
 /* ---- collectives and point to point (rows ST_NCCL_COLL) ------------------------------------------- */
 static inline void coll_record(uint64_t t0, uint16_t kind, ncclComm_t comm, size_t count, ncclDataType_t dt,
@@ -117,20 +139,10 @@ static inline void coll_record(uint64_t t0, uint16_t kind, ncclComm_t comm, size
 	errno = saved;
 }
 
-#define ST_NCCL_COLL(name, kind, params, args, count, datatype, redop, peer, comm, stream)        \
-	ST_EXPORT ncclResult_t name params                                                          \
-	{                                                                                           \
-		__typeof__(real_##name) real = R(name);                                             \
-		if (unlikely(!real))                                                                \
-			return ncclInternalError;                                                   \
-		if (!ON())                                                                          \
-			return real args;                                                           \
-		uint64_t t0 = st_aggregate() ? 0 : st_tsc();                                        \
-		ncclResult_t ret;                                                                   \
-		CALL(ret, real, args);                                                              \
-		coll_record(t0, kind, comm, count, datatype, (long)(redop), (long)(peer), stream, ret); \
-		return ret;                                                                         \
-	}
+#define ST_NCCL_COLL(name, kind, params, args, count, datatype, redop, peer, comm, stream)            \
+	NCCL_SHIM(name, params, args, st_aggregate() ? 0 : st_tsc(),                                    \
+		  coll_record(t0, kind, comm, count, datatype, (long)(redop), (long)(peer), stream, ret))
+#define ST_NCCL_CALL(name, params, args, after)
 #define ST_NCCL_BY_HAND(name, ret_type, params)
 #include "nccl_shims.def"
 
@@ -242,65 +254,29 @@ static void comm_created(uint64_t t0, uint16_t variant, const char *call, ncclCo
 	errno = saved;
 }
 
-ST_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+static void init_rank_done(uint64_t t0, ncclResult_t ret, ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
 {
-	__typeof__(real_ncclCommInitRank) real = R(ncclCommInitRank);
-	if (unlikely(!real))
-		return ncclInternalError;
-	if (!ON())
-		return real(comm, nranks, commId, rank);
-	uint64_t t0 = st_tsc();
-	ncclResult_t ret;
-	CALL(ret, real, (comm, nranks, commId, rank));
 	comm_created(t0, ST_NCCL_INIT_RANK, "ncclCommInitRank", comm, ret, rank, nranks, &commId, 1, NULL);
-	return ret;
 }
 
-ST_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
-					      ncclConfig_t *config)
+static void init_rank_config_done(uint64_t t0, ncclResult_t ret, ncclComm_t *comm, int nranks, ncclUniqueId commId,
+				  int rank, ncclConfig_t *config)
 {
-	__typeof__(real_ncclCommInitRankConfig) real = R(ncclCommInitRankConfig);
-	if (unlikely(!real))
-		return ncclInternalError;
-	if (!ON())
-		return real(comm, nranks, commId, rank, config);
-	uint64_t t0 = st_tsc();
-	ncclResult_t ret;
-	CALL(ret, real, (comm, nranks, commId, rank, config));
-	comm_created(t0, ST_NCCL_INIT_RANK_CONFIG, "ncclCommInitRankConfig", comm, ret, rank, nranks, &commId, 1,
-		     config);
-	return ret;
+	comm_created(t0, ST_NCCL_INIT_RANK_CONFIG, "ncclCommInitRankConfig", comm, ret, rank, nranks, &commId, 1, config);
 }
 
-ST_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
-						ncclUniqueId *commIds, ncclConfig_t *config)
+static void init_rank_scalable_done(uint64_t t0, ncclResult_t ret, ncclComm_t *newcomm, int nranks, int myrank,
+				    int nId, ncclUniqueId *commIds, ncclConfig_t *config)
 {
-	__typeof__(real_ncclCommInitRankScalable) real = R(ncclCommInitRankScalable);
-	if (unlikely(!real))
-		return ncclInternalError;
-	if (!ON())
-		return real(newcomm, nranks, myrank, nId, commIds, config);
-	uint64_t t0 = st_tsc();
-	ncclResult_t ret;
-	CALL(ret, real, (newcomm, nranks, myrank, nId, commIds, config));
-	comm_created(t0, ST_NCCL_INIT_RANK_SCALABLE, "ncclCommInitRankScalable", newcomm, ret, myrank, nranks,
-		     commIds, commIds ? nId : 0, config);
-	return ret;
+	comm_created(t0, ST_NCCL_INIT_RANK_SCALABLE, "ncclCommInitRankScalable", newcomm, ret, myrank, nranks, commIds,
+		     commIds ? nId : 0, config);
 }
 
 /* One process, ndev communicators of one clique: an event per communicator, rank = its index; the JSON
  * names the k-th ncclCommInitAll of the process (the clique's key) and the device. */
-ST_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
+static void init_all_done(uint64_t t0, ncclResult_t ret, ncclComm_t *comms, int ndev, const int *devlist)
 {
 	static uint32_t calls;
-	__typeof__(real_ncclCommInitAll) real = R(ncclCommInitAll);
-	if (unlikely(!real))
-		return ncclInternalError;
-	if (!ON())
-		return real(comms, ndev, devlist);
-	uint64_t t0 = st_tsc();
-	ncclResult_t ret;
-	CALL(ret, real, (comms, ndev, devlist));
 	uint64_t t1 = st_tsc();
 	int saved = errno;
 	uint32_t k = __atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED);
@@ -315,21 +291,13 @@ ST_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *d
 			break;
 	}
 	errno = saved;
-	return ret;
 }
 
 /* The new communicator's ranks share the parent's key, the color and the parent's split count (the
  * correlator counts splits per parent, docs/schema.md). */
-ST_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
+static void split_done(uint64_t t0, ncclResult_t ret, ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+		       ncclConfig_t *config)
 {
-	__typeof__(real_ncclCommSplit) real = R(ncclCommSplit);
-	if (unlikely(!real))
-		return ncclInternalError;
-	if (!ON())
-		return real(comm, color, key, newcomm, config);
-	uint64_t t0 = st_tsc();
-	ncclResult_t ret;
-	CALL(ret, real, (comm, color, key, newcomm, config));
 	uint64_t t1 = st_tsc();
 	int saved = errno;
 	ncclComm_t c = (accepted(ret) && newcomm) ? *newcomm : NULL;
@@ -342,38 +310,46 @@ ST_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCo
 	st_json_hex(&r.j, "config", (uintptr_t)config);
 	init_end(&r, t0, t1, ST_NCCL_INIT_SPLIT, c, ret, -1, -1);
 	errno = saved;
-	return ret;
 }
 
-static inline void comm_ended(uint64_t t0, uint16_t how, ncclComm_t comm, ncclResult_t ret)
+/* A 24-byte event at t0 (communicator ends, group starts), errno kept. */
+static void short_event(uint64_t t0, uint16_t type, uint16_t aux, uint32_t obj, ncclResult_t ret)
 {
 	int saved = errno;
 	st_ensure_active();
 	struct st_event *e = st_reserve(1);
 	if (e) {
-		*e = (struct st_event){t0, ST_EV_NCCL_COMM_DESTROY, how, st_obj_id(comm, NULL), (uint64_t)(uint32_t)ret};
+		*e = (struct st_event){t0, type, aux, obj, (uint64_t)(uint32_t)ret};
 		st_commit();
 	}
 	errno = saved;
 }
 
-#define COMM_END_SHIM(name, how)                                         \
-	ST_EXPORT ncclResult_t name(ncclComm_t comm)                     \
-	{                                                                \
-		__typeof__(real_##name) real = R(name);                  \
-		if (unlikely(!real))                                     \
-			return ncclInternalError;                        \
-		if (!ON())                                               \
-			return real(comm);                               \
-		uint64_t t0 = st_tsc();                                  \
-		ncclResult_t ret;                                        \
-		CALL(ret, real, (comm));                                 \
-		comm_ended(t0, how, comm, ret);                          \
-		return ret;                                              \
-	}
-COMM_END_SHIM(ncclCommFinalize, ST_NCCL_END_FINALIZE)
-COMM_END_SHIM(ncclCommDestroy, ST_NCCL_END_DESTROY)
-COMM_END_SHIM(ncclCommAbort, ST_NCCL_END_ABORT)
+static inline void comm_ended(uint64_t t0, uint16_t how, ncclComm_t comm, ncclResult_t ret)
+{
+	short_event(t0, ST_EV_NCCL_COMM_DESTROY, how, st_obj_id(comm, NULL), ret);
+}
+
+static void finalize_done(uint64_t t0, ncclResult_t ret, ncclComm_t comm)
+{
+	comm_ended(t0, ST_NCCL_END_FINALIZE, comm, ret);
+}
+
+static void destroy_done(uint64_t t0, ncclResult_t ret, ncclComm_t comm)
+{
+	comm_ended(t0, ST_NCCL_END_DESTROY, comm, ret);
+}
+
+static void abort_done(uint64_t t0, ncclResult_t ret, ncclComm_t comm)
+{
+	comm_ended(t0, ST_NCCL_END_ABORT, comm, ret);
+}
+
+#define ST_NCCL_COLL(name, kind, params, args, count, datatype, redop, peer, comm, stream)
+#define ST_NCCL_CALL(name, params, args, after) \
+	NCCL_SHIM(name, params, args, st_tsc(), after(t0, ret, NCCL_ARGS args))
+#define ST_NCCL_BY_HAND(name, ret_type, params)
+#include "nccl_shims.def"
 
 /* ---- groups ---------------------------------------------------------------------------------------------- */
 /* NCCL's group depth is per thread; ours follows it (a start that NCCL refused opens nothing). */
@@ -389,16 +365,8 @@ ST_EXPORT ncclResult_t ncclGroupStart(void)
 	CALL(ret, real, ());
 	if (ret == ncclSuccess)
 		group_depth++;
-	if (!st_aggregate()) {
-		int saved = errno;
-		st_ensure_active();
-		struct st_event *e = st_reserve(1);
-		if (e) {
-			*e = (struct st_event){t0, ST_EV_NCCL_GROUP_START, (uint16_t)group_depth, 0, (uint64_t)(uint32_t)ret};
-			st_commit();
-		}
-		errno = saved;
-	}
+	if (!st_aggregate())
+		short_event(t0, ST_EV_NCCL_GROUP_START, (uint16_t)group_depth, 0, ret);
 	return ret;
 }
 
@@ -428,12 +396,9 @@ static ncclResult_t group_end_plain(ncclSimInfo_t *unused)
 
 ST_EXPORT ncclResult_t ncclGroupEnd(void)
 {
-	__typeof__(real_ncclGroupEnd) real = R(ncclGroupEnd);
-	if (unlikely(!real))
+	if (unlikely(!R(ncclGroupEnd)))
 		return ncclInternalError;
-	if (!ON())
-		return real();
-	return group_end(group_end_plain, 0, NULL);
+	return ON() ? group_end(group_end_plain, 0, NULL) : real_ncclGroupEnd();
 }
 
 ST_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
@@ -441,15 +406,14 @@ ST_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
 	__typeof__(real_ncclGroupSimulateEnd) real = R(ncclGroupSimulateEnd);
 	if (unlikely(!real))
 		return ncclInternalError;
-	if (!ON())
-		return real(simInfo);
-	return group_end(real, 1, simInfo);
+	return ON() ? group_end(real, 1, simInfo) : real(simInfo);
 }
 
 /* ---- hook table (dlsym injection) ------------------------------------------------------------------------ */
 static const struct st_hook nccl_hooks[] = {
 #define ST_NCCL_COLL(name, kind, params, args, count, datatype, redop, peer, comm, stream) \
 	{#name, (void *)name, (void **)&real_##name, ST_PROV_NCCL},
+#define ST_NCCL_CALL(name, params, args, after) {#name, (void *)name, (void **)&real_##name, ST_PROV_NCCL},
 #define ST_NCCL_BY_HAND(name, ret_type, params) {#name, (void *)name, (void **)&real_##name, ST_PROV_NCCL},
 #include "nccl_shims.def"
 };
