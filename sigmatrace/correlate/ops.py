@@ -307,12 +307,16 @@ class RowIds:
     wqe: int = 0
     peer: tuple = None
 
-    def ops(self, local):
-        local = np.asarray(local)
+    def ops(self, local, where=None):
+        """Global op ids of the op rows ``local`` (-1 stays -1); ``where``: only these entries are rows (the
+        others are returned as they are)."""
+        out = np.asarray(local).astype(np.int64)
         if self.op is None:
-            return local.astype(np.int64)
-        ok = local >= 0
-        return np.where(ok, self.op[np.where(ok, local, 0)] if len(self.op) else -1, -1).astype(np.int64)
+            return out
+        ok = out >= 0 if where is None else (out >= 0) & where
+        out = out.copy()
+        out[ok] = self.op[out[ok]]
+        return out
 
 
 def _shifted(v, base):
@@ -442,7 +446,7 @@ def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns, i
                 r[c] = wcb[c][sel].astype(_OUT_DT.get(c, np.int64) if c != "tsc" else np.uint64, copy=False)
         if "op_id" in want:
             co = wcb["op_id"][sel].astype(np.int64)
-            r["op_id"] = np.where(wcb["is_recv"][sel], co, ids.ops(co)) if ids.op is not None else co
+            r["op_id"] = ids.ops(co, ~wcb["is_recv"][sel])
         if want & {"ns", "latency_ns"}:
             ns = to_ns(p, c_tsc[sel])
             r["ns"] = ns
