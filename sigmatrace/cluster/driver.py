@@ -34,7 +34,7 @@ from ..correlate.refine import alternation_candidates, merge_stats, refine
 from ..correlate.result import Correlated
 from ..correlate.topology import Topology
 from ..decode import EventStore, FileDecode, finish_warnings
-from ..errors import TraceFormatError
+from ..errors import SigmatraceError, TraceFormatError
 from ..export.window import Window, scan_grid, scan_result, top_qps, window_cut
 from ..schema import PART_TABLES, TABLE_NAMES
 from ..tables import parquet as PQ
@@ -99,10 +99,14 @@ def correlate_and_write(client, files, out_dir, progress=None, workers=None, clo
     from ..decode import DEFAULT_BATCH_RECORDS
     out_dir = Path(out_dir).resolve()
     scratch = Path(tempfile.mkdtemp(prefix=".sigmatrace-cluster-", dir=out_dir.parent))
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
     try:
         return _report(Rounds(client, progress), files, out_dir, scratch, workers, clock_refine, perfetto,
                        max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
                        stage_s if stage_s is not None else {})
+    except (KilledWorker, FutureCancelledError) as e:
+        raise SigmatraceError(f"the Dask cluster lost the report: {type(e).__name__}: {e}") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -527,8 +527,8 @@ def iter_event_batches(procs, batch_records=DEFAULT_BATCH_RECORDS):
             if fd is None:
                 for f in fds.values():
                     os.close(f)
-                fds = {p.path: os.open(p.path, os.O_RDONLY)}
-                fd = fds[p.path]
+                fds = {}            # (closed: a file that cannot be opened now is the error, not a double close)
+                fd = fds[p.path] = os.open(p.path, os.O_RDONLY)
             counts = ch["count"]
             cum = np.cumsum(counts)
             j = 0
