@@ -128,10 +128,11 @@ def test_streaming_scan_equals_one_pass(ar_corr, tmp_path, monkeypatch):
     """The ops are scanned in ranges (counters, window candidates) and, with many QPs, the top QPs' series in a
     second pass: tiny ranges and the second pass give the same trace as one range."""
     from sigmatrace.export import perfetto as PF
+    from sigmatrace.export import window as W
     corr = ar_corr
     a = PF.write_perfetto(corr, tmp_path / "a.pftrace", max_events=1500)
-    monkeypatch.setattr(PF, "_SCAN_ROWS", 7)
-    monkeypatch.setattr(PF, "_QP_SERIES_MAX", 0)
+    monkeypatch.setattr(W, "SCAN_ROWS", 7)
+    monkeypatch.setattr(W, "QP_SERIES_MAX", 0)
     b = PF.write_perfetto(corr, tmp_path / "b.pftrace", max_events=1500)
     assert a == b and a["truncated"] and a["counters"] > 0
     assert (tmp_path / "a.pftrace").read_bytes() == (tmp_path / "b.pftrace").read_bytes()

@@ -20,6 +20,7 @@ LAYERS = [
     ("tables",),
     ("export", "query"),
     ("analysis",),
+    ("cluster",),
     ("report",),
     ("cli", "__main__", "__init__"),
 ]

@@ -239,7 +239,7 @@ def run(args):
                                               figures=not args.no_figures, quiet=args.quiet,
                                               clock_refine=args.clock_refine,
                                               max_perfetto_events=args.max_perfetto_events,
-                                              batch_records=args.batch_records)
+                                              batch_records=args.batch_records, cluster=args.cluster)
     except TraceFormatError as e:
         raise SigmatraceError(str(e)) from None
     except (OSError, MemoryError) as e:
@@ -268,6 +268,10 @@ def register(subparsers):
                    help="events drawn in the Perfetto trace (the earliest; the tables hold all); 0: none")
     p.add_argument("--batch-records", type=positive_int, default=None,
                    help="records decoded and written at a time per worker (bounds memory; default 262144)")
+    p.add_argument("--cluster", metavar="ADDRESS", default=None,
+                   help="correlate on a Dask cluster (pip install 'sigmatrace[cluster]'; docs/cluster.md): a "
+                        "scheduler address (tcp://host:8786), a scheduler file, or local:N (N worker processes "
+                        "here); capture and output on a filesystem every worker sees; the same report")
     p.add_argument("--no-perfetto", action="store_true", help="write no Perfetto trace")
     p.add_argument("--no-figures", action="store_true", help="draw no figures")
     p.add_argument("--json", action="store_true", help="print a one-line JSON digest instead of the text summary")

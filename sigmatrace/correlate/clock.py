@@ -22,11 +22,12 @@ correction; a correction is applied then only to restore causality.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..format import layout as L
+from .refine import CausalPairs, LocalPairs, alternation_pairs, refine, send_pairs
 
 
 @dataclass
@@ -100,249 +101,6 @@ def fit_node(node: int, calibs: list, tsc_hz_values: list) -> NodeClock:
     return nc
 
 
-@dataclass
-class CausalPairs:
-    """a happened before b: node and first-pass ns of both ends."""
-    node_a: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    t_a: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    node_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    t_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-    @staticmethod
-    def concat(items, consume=False):
-        """One CausalPairs of all ``items``; ``consume``: each item's columns are released as soon as they are
-        copied (peak = the result + one column, not twice the pairs)."""
-        items = [i for i in items if len(i)]
-        if not items:
-            return CausalPairs()
-        cols = []
-        for f in ("node_a", "t_a", "node_b", "t_b"):
-            cols.append(np.concatenate([getattr(i, f) for i in items]) if len(items) > 1 else getattr(items[0], f))
-            if consume:
-                for i in items:
-                    setattr(i, f, None)
-        return CausalPairs(*cols)
-
-    def __len__(self):
-        return 0 if self.t_a is None else len(self.t_a)
-
-
-class _PairIndex:
-    """Causal pairs grouped by directed node pair (one stable sort of a narrow key), so each node pair reads
-    only its own rows; built once and shared by both refinement passes."""
-
-    def __init__(self, pairs: CausalPairs):
-        self.pairs = pairs
-        self.groups = {}
-        if not len(pairs):
-            return
-        na = np.asarray(pairs.node_a)
-        nb = np.asarray(pairs.node_b)
-        span = int(max(na.max(), nb.max())) + 1
-        if span * span < (1 << 31):
-            key = na.astype(np.int32) * np.int32(span) + nb.astype(np.int32)
-        else:
-            key = na.astype(np.int64) * span + nb.astype(np.int64)
-        o = np.argsort(key, kind="stable")
-        cnt = np.bincount(key, minlength=span * span) if span * span <= 4 * len(key) + 1024 else None
-        if cnt is not None:
-            ends = np.cumsum(cnt)
-            for k in np.flatnonzero(cnt).tolist():
-                self.groups[(k // span, k % span)] = o[ends[k] - cnt[k]:ends[k]]
-        else:
-            ks = key[o]
-            cut = np.flatnonzero(ks[1:] != ks[:-1]) + 1
-            st = np.concatenate([[0], cut])
-            en = np.concatenate([cut, [len(ks)]])
-            for a, b in zip(st.tolist(), en.tolist()):
-                k = int(ks[a])
-                self.groups[(k // span, k % span)] = o[a:b]
-
-    def rows(self, a, b):
-        return self.groups.get((a, b))
-
-
-def _window_estimates(pairs: CausalPairs, a: int, b: int, nwin: int, index: _PairIndex | None = None,
-                      shift=None):
-    """(t_mid, delta=err_b-err_a) per window where both directions have pairs.  ``shift``: per-node ns
-    subtracted from the times first (the first pass's offsets; constant per node, so per group)."""
-    if index is None:
-        index = _PairIndex(pairs)
-    fwd = index.rows(a, b)
-    bwd = index.rows(b, a)
-    if fwd is None or bwd is None:
-        return None
-    sa, sb = (int(shift[a]), int(shift[b])) if shift is not None else (0, 0)
-    tf = pairs.t_a[fwd] - np.int64(sa)  # times on node a's clock (both directions)
-    df = (pairs.t_b[fwd] - np.int64(sb) - tf).astype(np.float64)
-    tb = pairs.t_b[bwd] - np.int64(sa)
-    db = (tb - (pairs.t_a[bwd] - np.int64(sb))).astype(np.float64)  # = t_on_a - t_on_b
-    lo, hi = min(tf.min(), tb.min()), max(tf.max(), tb.max())
-    nwin = max(1, min(nwin, len(df) // 4, len(db) // 4))
-    edges = np.linspace(lo, hi + 1, nwin + 1)
-    wf = np.clip(np.searchsorted(edges, tf, "right") - 1, 0, nwin - 1)
-    wb = np.clip(np.searchsorted(edges, tb, "right") - 1, 0, nwin - 1)
-    minf = np.full(nwin, np.inf)
-    minb = np.full(nwin, np.inf)
-    np.minimum.at(minf, wf, df)
-    np.minimum.at(minb, wb, db)
-    sumt = np.bincount(wf, tf.astype(np.float64), nwin) + np.bincount(wb, tb.astype(np.float64), nwin)
-    cnt = (np.bincount(wf, minlength=nwin) + np.bincount(wb, minlength=nwin)).astype(np.float64)
-    ok = np.isfinite(minf) & np.isfinite(minb)
-    if not ok.any():
-        return None
-    return sumt[ok] / cnt[ok], (minf[ok] - minb[ok]) / 2.0, int(len(fwd) + len(bwd))
-
-
-def _solve(pairs: CausalPairs, nodes, ref, windows, index=None, shift=None):
-    idx = {n: i for i, n in enumerate(nodes)}
-    rows, rhs, meta = [], [], []
-    if index is None:
-        index = _PairIndex(pairs)
-    for i, a in enumerate(nodes):
-        for b in nodes[i + 1:]:
-            if index.rows(a, b) is None or index.rows(b, a) is None:
-                continue
-            est = _window_estimates(pairs, a, b, windows, index, shift)
-            if est is None:
-                continue
-            tm, delta, npairs = est
-            rows.extend((a, b, float(t)) for t in tm)
-            rhs.extend(float(d) for d in delta)
-            meta.append((a, b, npairs))
-    if not rows:
-        return None
-    t_ref = float(np.mean([r[2] for r in rows]))
-    n = len(nodes)
-    nvar = 2 * n
-    scale = 1e9  # drift unknowns are per second of time
-    A = np.zeros((len(rows), nvar))
-    y = np.asarray(rhs)
-    for k, (a, b, t) in enumerate(rows):
-        A[k, 2 * idx[b]] += 1
-        A[k, 2 * idx[b] + 1] += (t - t_ref) / scale
-        A[k, 2 * idx[a]] -= 1
-        A[k, 2 * idx[a] + 1] -= (t - t_ref) / scale
-    pin = np.zeros((2, nvar))
-    pin[0, 2 * idx[ref]] = 1e6
-    pin[1, 2 * idx[ref] + 1] = 1e6
-    ridge = np.zeros((nvar, nvar))
-    for m in nodes:
-        ridge[2 * idx[m] + 1, 2 * idx[m] + 1] = 1e-3  # weak prior: no drift (matters only with 1 window)
-    sol, *_ = np.linalg.lstsq(np.vstack([A, pin, ridge]), np.concatenate([y, np.zeros(2 + nvar)]), rcond=None)
-    resid = y - A @ sol
-    per_node = {m: [] for m in nodes}
-    for k, (a, b, t) in enumerate(rows):
-        per_node[a].append(resid[k])
-        per_node[b].append(resid[k])
-    reach = {ref}
-    changed = True
-    while changed:
-        changed = False
-        for a, b, _ in meta:
-            if (a in reach) != (b in reach):
-                reach.update((a, b))
-                changed = True
-    est = {m: (float(sol[2 * idx[m]]), float(sol[2 * idx[m] + 1]) / scale) for m in nodes}
-    return dict(est=est, t_ref=t_ref, per_node=per_node, meta=meta, reach=reach, windows=len(rows))
-
-
-def refine(clocks: dict, pairs: CausalPairs, mode: str = "auto", windows: int = 16):
-    """Solve per-node offset/drift from causal pairs; updates ``clocks`` in place.
-
-    Two passes: offsets only (one window, so TSC origins that are arbitrary
-    without calibration are brought together), then offset + drift over
-    ``windows`` time windows on the pre-aligned times.  Returns a dict
-    describing what was done.
-    """
-    nodes = sorted(clocks)
-    info = {"mode": mode, "applied": False, "pairs": int(len(pairs)), "reference_node": None}
-    if mode == "never" or len(nodes) < 2 or len(pairs) == 0:
-        info["reason"] = "disabled" if mode == "never" else ("single node" if len(nodes) < 2 else "no matched pairs")
-        return info
-    ref = next((n for n in nodes if clocks[n].ptp), None)
-    if ref is None:
-        ref = next((n for n in nodes if clocks[n].pairs), nodes[0])
-    info["reference_node"] = int(ref)
-    index = _PairIndex(pairs)
-    s1 = _solve(pairs, nodes, ref, 1, index)
-    if s1 is None:
-        info["method"] = "bounds"
-        return _bounds_only(clocks, pairs, nodes, ref, info, mode)
-    o1 = {m: (s1["est"][m][0] if m in s1["reach"] else 0.0) for m in nodes}
-    # second pass on the pre-aligned times (t - rint(offset of its node)), applied per node-pair group
-    shift = {m: int(np.rint(o1[m])) for m in nodes}
-    s2 = _solve(pairs, nodes, ref, windows, index, shift) or s1
-    est2 = s2["est"] if s2 is not s1 else {m: (0.0, 0.0) for m in nodes}
-    reach = s1["reach"]
-    res = {m: (float(np.sqrt(np.mean(np.square(s2["per_node"][m])))) if s2["per_node"][m] else float("nan"))
-           for m in nodes}
-    missing = any(clocks[m].pairs == 0 for m in nodes)
-    nonptp = any(not clocks[m].ptp for m in nodes)
-    disagrees = any(abs(o1[m] + est2[m][0]) > 1000.0 + 3 * (0 if np.isnan(res[m]) else res[m])
-                    for m in nodes if m in reach)
-    # auto: calibration missing -> apply; calibration present -> apply only when the matched-operation
-    # estimate is tight (residual < 2 µs) and disagrees with it by more than 5x that residual (and 2 µs)
-    tight = all((not np.isnan(res[m])) and res[m] < 2000.0 and len(s2["per_node"][m]) >= 3
-                for m in nodes if m in reach)
-    strong = any(abs(o1[m] + est2[m][0]) > max(2000.0, 5 * (0 if np.isnan(res[m]) else res[m]))
-                 for m in nodes if m in reach)
-    apply = mode == "always" or (mode == "auto" and (missing or (tight and strong and (nonptp or disagrees))))
-    info.update(method="matched-ops", windows=s2["windows"], calibration_missing=missing,
-                calibration_disagrees=bool(disagrees),
-                node_pairs=[[int(a), int(b), int(c)] for a, b, c in s1["meta"]])
-    for m in nodes:
-        c = clocks[m]
-        c.refine_residual_ns = res[m]
-        c.refine_pairs = int(sum(p for a, b, p in s1["meta"] if m in (a, b)))
-        if apply and m in reach and m != ref:
-            o2, d2 = est2[m]
-            # estimates are errors (measured - true) in the first-pass frame: subtract them
-            c.offset_ns = -(o1[m] + o2)
-            c.drift = -d2
-            c.ref_ns = s2["t_ref"] + o1[m]
-            c.refined = True
-            c.refine_method = "matched-ops"
-    info["applied"] = bool(apply)
-    info["unreached_nodes"] = [int(m) for m in nodes if m not in reach]
-    return info
-
-
-def _bounds_only(clocks, pairs, nodes, ref, info, mode):
-    """Only one direction between some nodes: shift a node so no pair runs backwards."""
-    applied = False
-    for m in nodes:
-        if m == ref:
-            continue
-        into = (pairs.node_b == m) & (pairs.node_a == ref)
-        outof = (pairs.node_a == m) & (pairs.node_b == ref)
-        lo, hi = -np.inf, np.inf  # bounds on err_m
-        if into.any():
-            hi = float((pairs.t_b[into] - pairs.t_a[into]).min())   # err_m <= min(d) (delay >= 0)
-        if outof.any():
-            lo = -float((pairs.t_b[outof] - pairs.t_a[outof]).min())
-        c = clocks[m]
-        c.refine_pairs = int(into.sum() + outof.sum())
-        shift = 0.0
-        if hi < 0:
-            shift = hi
-        elif lo > 0:
-            shift = lo
-        if np.isfinite(lo) and np.isfinite(hi):
-            shift = (lo + hi) / 2 if (mode == "always" or clocks[m].pairs == 0) else shift
-        elif clocks[m].pairs == 0 and np.isfinite(hi):
-            shift = hi
-        elif clocks[m].pairs == 0 and np.isfinite(lo):
-            shift = lo
-        if shift:
-            c.offset_ns = -shift
-            c.refined = True
-            c.refine_method = "bounds"
-            applied = True
-    info["applied"] = applied
-    return info
-
-
 class TimeBase:
     """TSC -> ns for records of many processes at once (vectorised over nodes; reads the clocks' current
     parameters at each call, so refinement applied later is seen).  Exactly ``NodeClock.to_ns`` per row.
@@ -407,7 +165,7 @@ def fit_nodes(out, procs, nodes):
     return clocks
 
 
-def matched_pairs(ops, m, node_of, ranks, remote, to_ns):
+def matched_pairs(ops, m, node_of, ranks, remote, to_ns, qp_process):
     """Causal pairs (step 2's input) from matched operations: send -> the peer's receive completion, that
     receive -> the sender's completion, and request/response alternation on connected QP pairs.
     ``m``: ``ops.Matches``; times on the calibration time base (``to_ns(..., True)``)."""
@@ -415,23 +173,19 @@ def matched_pairs(ops, m, node_of, ranks, remote, to_ns):
     o_proc, o_qp, o_tsc = ops["process"], ops["qp_id"], ops["tsc"]
     c_proc, c_tsc = m.wc_process, m.wc_tsc
     op_peer, op_compl = m.op_peer, m.op_completion
-    node32 = node_of.astype(np.int32)      # narrow node ids (one pair per matched op)
     if len(o_tsc):
         s_i = np.flatnonzero(op_peer >= 0)
         if len(s_i):
-            r_i = op_peer[s_i]
-            pairs.append(CausalPairs(node32[o_proc[s_i]], to_ns(o_proc[s_i], o_tsc[s_i], True),
-                                     node32[c_proc[r_i]], to_ns(c_proc[r_i], c_tsc[r_i], True)))
-            del r_i
-            both = s_i[op_compl[s_i] >= 0]
-            if len(both):
-                pb, cb = op_peer[both], op_compl[both]
-                pairs.append(CausalPairs(node32[c_proc[pb]], to_ns(c_proc[pb], c_tsc[pb], True),
-                                         node32[o_proc[both]], to_ns(c_proc[cb], c_tsc[cb], True)))
-                del pb, cb, both
+            r_i, cb = op_peer[s_i], op_compl[s_i]
+            c_ok = cb >= 0
+            cbc = np.where(c_ok, cb, 0)
+            pairs += send_pairs(node_of, o_proc[s_i], to_ns(o_proc[s_i], o_tsc[s_i], True), c_proc[r_i],
+                                to_ns(c_proc[r_i], c_tsc[r_i], True), c_ok,
+                                to_ns(c_proc[cbc], c_tsc[cbc], True) if len(cbc) else np.zeros(0, np.int64))
+            del r_i, cb, cbc
         del s_i
-        pairs.append(alternation_pairs(o_proc, o_qp, o_tsc, m.op_remote_qp, remote, node_of, ranks,
-                                       lambda pi, ts: to_ns(pi, ts, True)))
+        pairs.append(alternation_pairs(o_proc, o_qp, o_tsc, remote, node_of, ranks,
+                                       lambda pi, ts: to_ns(pi, ts, True), qp_process))
     return pairs
 
 
@@ -439,8 +193,12 @@ def refine_nodes(out, clocks, labels, pairs, mode, windows):
     """Step 2 on the pairs (consumed); a warning per corrected node."""
     cp = CausalPairs.concat(pairs, consume=True)
     del pairs[:]
-    out.clock_info = refine(clocks, cp, mode, windows=windows)
+    out.clock_info = refine(clocks, LocalPairs(cp), mode, windows=windows)
     del cp
+    refined_warnings(out, clocks, labels)
+
+
+def refined_warnings(out, clocks, labels):
     for n, c in clocks.items():
         if c.refined:
             out.warnings.append(f"node {labels[n]}: clock corrected by {c.offset_ns / 1e3:+.3f} µs, drift "
@@ -463,62 +221,3 @@ def clock_table(clocks, labels):
         refine_pairs=np.array([clocks[n].refine_pairs for n in nodes], np.int64),
         residual_ns=np.array([clocks[n].refine_residual_ns for n in nodes]),
         method=np.array([clocks[n].refine_method or "calibration" for n in nodes], dtype=object))
-
-
-def alternation_pairs(o_proc, o_qp, o_tsc, o_dqp, remote, proc_node, ranks, first_ns):
-    """Causal pairs from request/response alternation on a connected QP pair across nodes.
-
-    When A's k-th operation on qa -> B and B's k-th on qb -> A strictly alternate
-    (ping-pong: A_k < B_k < A_k+1, or B first), each hop is causal.  Which side
-    starts is unknown without a common clock, so both orders are tested: the
-    order is accepted only if the clock offset it implies has a non-empty
-    feasible interval (every delay positive) and the other order's is empty.
-    Streams that do not alternate (bursts, one-way traffic) are left alone.
-    """
-    out = []
-    if not len(o_qp):
-        return CausalPairs()
-    # ops grouped by QP (one stable sort); a QP's node is its process's
-    o = np.argsort(o_qp, kind="stable")
-    sq = o_qp[o]
-    uq, st = np.unique(sq, return_index=True)
-    en = np.append(st[1:], len(sq))
-    grp = {int(q): o[a:b] for q, a, b in zip(uq.tolist(), st.tolist(), en.tolist())}
-    qnode = {q: int(proc_node[o_proc[ix[0]]]) for q, ix in grp.items()}
-    qps = [q for q in grp if q >= 0 and remote[q] >= 0 and int(remote[q]) in qnode and qnode[int(remote[q])] != qnode[q]]
-    done = set()
-    qset = set(qps)
-    for qa in qps:
-        qb = int(remote[qa])
-        if qb < 0 or (qb, qa) in done or qb not in qset:
-            continue
-        done.add((qa, qb))
-        ia = grp[qa]
-        ib = grp[qb]
-        if min(len(ia), len(ib)) < 8 or abs(len(ia) - len(ib)) > 1:
-            continue
-        ta = first_ns(o_proc[ia], o_tsc[ia])
-        tb = first_ns(o_proc[ib], o_tsc[ib])
-        ia, ta = ia[np.argsort(ta, kind="stable")], np.sort(ta)
-        ib, tb = ib[np.argsort(tb, kind="stable")], np.sort(tb)
-        n = min(len(ta), len(tb))
-
-        def feasible(x, y):  # x_k -> y_k -> x_{k+1}: bounds on err_y - err_x
-            hi = (y[:n] - x[:n]).min()
-            m = min(n, len(x) - 1)
-            lo = (y[:m] - x[1:m + 1]).max() if m > 0 else -np.inf
-            return lo <= hi
-        h1, h2 = feasible(ta, tb), feasible(tb, ta)
-        if not (h1 or h2):
-            continue
-        if h1 and h2:
-            # a perfect alternation fits both orders (shifted by one period): the initiator is taken
-            # to be the lower rank (ping-pong convention); with clocks the bounds decide
-            ra, rb = ranks[o_proc[ia[0]]], ranks[o_proc[ib[0]]]
-            h1, h2 = bool(ra <= rb), bool(rb < ra)
-        x_t, y_t, xi, yi = (ta, tb, ia, ib) if h1 else (tb, ta, ib, ia)
-        na, nb = proc_node[o_proc[xi[0]]], proc_node[o_proc[yi[0]]]
-        m = min(n, len(x_t) - 1)
-        out.append(CausalPairs(np.full(n, na, np.int32), x_t[:n], np.full(n, nb, np.int32), y_t[:n]))
-        out.append(CausalPairs(np.full(m, nb, np.int32), y_t[:m], np.full(m, na, np.int32), x_t[1:m + 1]))
-    return CausalPairs.concat(out)

@@ -309,23 +309,19 @@ class Collectives:
     # ---- attribution ---------------------------------------------------------------------------------------
     def attribute(self, ops, op_completion, wc_tsc):
         """``ops["collective_id"]`` / ``ops["collective_unit"]`` (base columns, -1 where not attributed); the
-        units (attribution units: one call, a group's calls, or calls merged while in flight)."""
-        no = len(ops["tsc"])
-        op_cid = np.full(no, -1, np.int32)
-        op_unit = np.full(no, -1, np.int32)
-        self.unit = np.full(self.n, -1, np.int64)
-        self.merged = np.zeros(self.n, bool)
-        units = []                                         # per unit: calls (array), process
-        q = ops["qp_id"].astype(np.int64)
-        op_comm = np.where(q >= 0, self.qp_comm[np.where(q >= 0, q, len(self.qp_comm) - 1)], -1) if no else \
-            np.zeros(0, np.int64)
-        comp = np.asarray(op_completion, np.int64)
-        has_c = comp >= 0
-        c_tsc = np.full(no, -1, np.int64)
-        if has_c.any():
-            c_tsc[has_c] = np.asarray(wc_tsc, np.uint64)[comp[has_c]].astype(np.int64)
-        self.comm_qps = np.bincount(self.qp_comm[self.qp_comm >= 0], minlength=len(self.comms)) if self.comms else \
-            np.zeros(0, np.int64)
+        units (attribution units: one call, a group's calls, or calls merged while in flight).  Three steps,
+        so that the cluster report runs the two per-operation ones next to each process's operations:
+        ``unit_stats`` (per operation), ``merge_units`` (per communicator), ``label_ops`` (per operation)."""
+        self.merge_units([self.unit_stats(ops, op_completion, wc_tsc)])
+        ops["collective_id"], ops["collective_unit"] = self.label_ops(ops)
+
+    def _plan(self):
+        """Per communicator with executed calls: (calls in time order, each call's unit before merging, the
+        units' first call tsc, end of the communicator)."""
+        plan = getattr(self, "_unit_plan", None)
+        if plan is not None:
+            return plan
+        plan = {}
         for c_i, c in enumerate(self.comms):
             calls = np.flatnonzero(self.executed & (self.inst == c_i))
             if not len(calls):
@@ -334,21 +330,85 @@ class Collectives:
             g = self.group[calls]
             new = np.ones(len(calls), bool)
             new[1:] = (g[1:] < 0) | (g[1:] != g[:-1])
-            src_unit = np.cumsum(new) - 1                  # a call's unit before merging
-            starts = self.tsc[calls[new]].astype(np.int64)
-            nu = len(starts)
+            plan[c_i] = (calls, np.cumsum(new) - 1, self.tsc[calls[new]].astype(np.int64), c["end"])
+        self._unit_plan = plan
+        return plan
+
+    def _op_units(self, ops):
+        """(operation rows, communicator, unit before merging) of the operations inside a unit's window."""
+        q = np.asarray(ops["qp_id"]).astype(np.int64)
+        no = len(q)
+        op_comm = np.where(q >= 0, self.qp_comm[np.where(q >= 0, q, len(self.qp_comm) - 1)], -1) if no else \
+            np.zeros(0, np.int64)
+        plan = self._plan()
+        for c_i in np.unique(op_comm[op_comm >= 0]).tolist():
+            if c_i not in plan:
+                continue
+            _, _, starts, end = plan[c_i]
             sel = np.flatnonzero(op_comm == c_i)
             t = ops["tsc"][sel].astype(np.int64)
             u = np.searchsorted(starts, t, "right") - 1
-            keep = (u >= 0) & (t <= c["end"])
-            sel, u = sel[keep], u[keep]
-            # in flight: a unit whose work completes after the next unit's call, or that moves data but posted
-            # nothing before it (its work came later), is merged with the next one
-            mx = np.full(nu, -1, np.int64)
-            n_in = np.zeros(nu, np.int64)
-            if len(sel):
-                np.maximum.at(mx, u, c_tsc[sel])
-                n_in = np.bincount(u, minlength=nu)
+            keep = (u >= 0) & (t <= end)
+            yield c_i, sel[keep], u[keep]
+
+    def unit_stats(self, ops, op_completion, wc_tsc):
+        """Per communicator, per unit before merging: operations, work requests, bytes, first / last post and
+        last completion (tsc of the unit's process; -1 / _END when none) of these operations.  Counts and sums
+        add up and the extremes combine across parts of the operations (``merge_units`` takes a list)."""
+        comp = np.asarray(op_completion, np.int64)
+        out = {}
+        for c_i, sel, u in self._op_units(ops):
+            nu = len(self._plan()[c_i][2])
+            c_tsc = np.full(len(sel), -1, np.int64)
+            cs = comp[sel]
+            has = cs >= 0
+            if has.any():
+                c_tsc[has] = np.asarray(wc_tsc, np.uint64)[cs[has]].astype(np.int64)
+            t = ops["tsc"][sel].astype(np.int64)
+            first = np.full(nu, _END, np.int64)
+            last = np.full(nu, -1, np.int64)
+            comp_mx = np.full(nu, -1, np.int64)
+            np.minimum.at(first, u, t)
+            np.maximum.at(last, u, t)
+            np.maximum.at(comp_mx, u, c_tsc)
+            wrs = np.zeros(nu, np.int64)
+            nb = np.zeros(nu, np.int64)
+            np.add.at(wrs, u, ops["num_wr"][sel].astype(np.int64))
+            np.add.at(nb, u, ops["bytes"][sel].astype(np.int64))
+            out[c_i] = dict(ops=np.bincount(u, minlength=nu).astype(np.int64), wrs=wrs, bytes=nb, first=first,
+                            last=last, comp=comp_mx)
+        return out
+
+    def merge_units(self, parts):
+        """The units from the per-operation statistics (``unit_stats`` of all operations, possibly in parts):
+        a unit whose work completes after the next unit's call, or that moves data but posted nothing before
+        it (its work came later), is merged with the next one.  Fills ``unit``, ``merged``, ``units`` and the
+        per-unit totals."""
+        self.unit = np.full(self.n, -1, np.int64)
+        self.merged = np.zeros(self.n, bool)
+        self.comm_qps = np.bincount(self.qp_comm[self.qp_comm >= 0], minlength=len(self.comms)) if self.comms else \
+            np.zeros(0, np.int64)
+        stats = {}
+        for p in parts:
+            for c_i, d in p.items():
+                if c_i not in stats:
+                    stats[c_i] = {k: v.copy() for k, v in d.items()}
+                    continue
+                s = stats[c_i]
+                for k in ("ops", "wrs", "bytes"):
+                    s[k] += d[k]
+                s["first"] = np.minimum(s["first"], d["first"])
+                s["last"] = np.maximum(s["last"], d["last"])
+                s["comp"] = np.maximum(s["comp"], d["comp"])
+        units, self._gunit, self._gcid = [], {}, {}
+        tot = dict(ops=[], wrs=[], bytes=[], first=[], last=[], comp=[])
+        for c_i, (calls, src_unit, starts, _) in self._plan().items():
+            c = self.comms[c_i]
+            nu = len(starts)
+            s = stats.get(c_i) or dict(ops=np.zeros(nu, np.int64), wrs=np.zeros(nu, np.int64),
+                                       bytes=np.zeros(nu, np.int64), first=np.full(nu, _END, np.int64),
+                                       last=np.full(nu, -1, np.int64), comp=np.full(nu, -1, np.int64))
+            mx, n_in = s["comp"], s["ops"]
             moves = np.zeros(nu, bool)
             np.logical_or.at(moves, src_unit, (self.count[calls] * DT_SIZE[self.dt[calls] & 0xFF] > 0)
                              & (c["nranks"] > 1))
@@ -369,33 +429,31 @@ class Collectives:
                 self.unit[members] = base + m
                 if len(np.unique(src_unit[merged_id[src_unit] == m])) > 1:
                     self.merged[members] = True
-            gu = base + merged_id[u]
-            op_unit[sel] = gu
+                src = merged_id == m
+                for k in ("ops", "wrs", "bytes"):
+                    tot[k].append(int(s[k][src].sum()))
+                tot["first"].append(int(s["first"][src].min()))
+                tot["last"].append(int(s["last"][src].max()))
+                tot["comp"].append(int(s["comp"][src].max()))
             single = np.array([len(units[x]) == 1 for x in range(base, len(units))], bool)
             cid = np.array([units[x][0] if len(units[x]) == 1 else -1 for x in range(base, len(units))], np.int64)
-            op_cid[sel] = np.where(single[gu - base], cid[gu - base], -1)
-        ops["collective_id"] = op_cid
-        ops["collective_unit"] = op_unit
+            self._gunit[c_i] = base + merged_id                       # unit before merging -> unit
+            self._gcid[c_i] = np.where(single, cid, -1)[merged_id]    # -> the call, when the unit has one
         self.units = units
-        # per unit: work requests, bytes, first / last post, last completion (tsc of the unit's process)
-        nu = len(units)
-        self.u_ops = np.zeros(nu, np.int64)
-        self.u_wrs = np.zeros(nu, np.int64)
-        self.u_bytes = np.zeros(nu, np.int64)
-        self.u_first = np.full(nu, _END, np.int64)
-        self.u_last = np.full(nu, -1, np.int64)
-        self.u_comp = np.full(nu, -1, np.int64)
-        a = np.flatnonzero(op_unit >= 0)
-        if len(a):
-            ua = op_unit[a].astype(np.int64)
-            ta = ops["tsc"][a].astype(np.int64)
-            self.u_ops = np.bincount(ua, minlength=nu).astype(np.int64)
-            self.u_wrs = np.bincount(ua, weights=ops["num_wr"][a], minlength=nu).astype(np.int64)
-            self.u_bytes = np.bincount(ua, weights=ops["bytes"][a], minlength=nu).astype(np.int64)
-            np.minimum.at(self.u_first, ua, ta)
-            np.maximum.at(self.u_last, ua, ta)
-            np.maximum.at(self.u_comp, ua, c_tsc[a])
+        self.u_ops, self.u_wrs, self.u_bytes = (np.array(tot[k], np.int64) for k in ("ops", "wrs", "bytes"))
+        self.u_first, self.u_last, self.u_comp = (np.array(tot[k], np.int64) for k in ("first", "last", "comp"))
         self.u_first[self.u_first == _END] = -1
+
+    def label_ops(self, ops):
+        """(collective_id, collective_unit) of each operation (int32, -1 where not attributed), after
+        ``merge_units``."""
+        no = len(ops["tsc"])
+        op_cid = np.full(no, -1, np.int32)
+        op_unit = np.full(no, -1, np.int32)
+        for c_i, sel, u in self._op_units(ops):
+            op_unit[sel] = self._gunit[c_i][u]
+            op_cid[sel] = self._gcid[c_i][u]
+        return op_cid, op_unit
 
     # ---- tables --------------------------------------------------------------------------------------------
     def attribution_labels(self):

@@ -37,23 +37,25 @@ FLOW_COLUMNS = schema.columns("flows")
 FLOW_KINDS = ["send-recv", "op-completion", "one-sided"]
 
 
-def build_flows(out):
+def build_flows(out, flow_ids=None):
     """One flow per matched op, computed per row range from the ops table (only the op index is kept).
 
     Matched: the target is known — the remote QP for verbs / GPU operations, the peer process for UCX and
     libfabric operations (no QP, ``dst_qp_id`` = -1; their peer completions are not recorded, so their
-    flows are one-sided: the arrow ends on the target process at the issue time)."""
+    flows are one-sided: the arrow ends on the target process at the issue time).  ``flow_ids``: the
+    global flow id of each (``None``: its row; the cluster report's parts give theirs)."""
     ops = out.tables["ops"]
     m = np.flatnonzero(ops.rows(None, ("matched",))["matched"])
     nf = len(m)
-    names = ("ns", "peer_ns", "complete_ns", "peer_completion", "completion")
+    names = ("ns", "peer_ns", "complete_ns", "peer_completion", "completion", "op_id")
 
     def flow_rows(sel, want, labels=False):
         mi = m[sel]
         o = ops.rows(mi, names)
         peer, comp = o["peer_ns"], o["complete_ns"]
         code = np.where(peer >= 0, 0, np.where(comp >= 0, 1, 2))
-        r = dict(flow_id=sel_ids(sel, nf), op_id=mi.astype(np.int64),
+        fid = sel_ids(sel, nf)
+        r = dict(flow_id=fid if flow_ids is None else flow_ids[fid], op_id=o["op_id"],
                  kind=Labels(code, FLOW_KINDS) if labels else Labels(code, FLOW_KINDS).objects(), src_ns=o["ns"],
                  dst_ns=np.where(peer >= 0, peer, np.where(comp >= 0, comp, o["ns"])),
                  dst_completion_id=np.where(code == 0, o["peer_completion"],
@@ -63,16 +65,27 @@ def build_flows(out):
     out.tables["flows"] = RowTable(nf, FLOW_COLUMNS, flow_rows, base={"op_id": m})
 
 
-def build_barriers(out, ops_codes=BARRIER_OPS):
-    T = out.tables
-    ops_t = T["ops"]
+BARRIER_COLUMNS = ("gpu", "process", "dst_process", "raddr", "ns")
+
+
+def barrier_candidates(ops_t, ops_codes=BARRIER_OPS):
+    """The fetch-and-add operations to a known target: (op rows, their ``BARRIER_COLUMNS`` and ``op_id``)."""
     cand = np.flatnonzero(np.isin(ops_t.base["opcode"], ops_codes)) if hasattr(ops_t, "base") else \
         np.flatnonzero(np.isin(ops_t["opcode"], ops_codes))
-    names = ("gpu", "process", "dst_process", "raddr", "ns")
+    names = BARRIER_COLUMNS + ("op_id",)
     o = ops_t.rows(cand, names) if hasattr(ops_t, "rows") else {k: ops_t[k][cand] for k in names}
     keep0 = o["dst_process"] >= 0
-    sel = cand[keep0]
-    ops = _Sparse({k: v[keep0] for k, v in o.items()}, sel)
+    return cand[keep0], {k: v[keep0] for k, v in o.items()}
+
+
+def build_barriers(out, cand=None):
+    """The barriers and barrier_arrivals tables.  ``cand``: the candidate operations' columns
+    (``barrier_candidates``' second result, rows in op id order) when the ops table is not here."""
+    T = out.tables
+    if cand is None:
+        _, cand = barrier_candidates(T["ops"])
+    sel = np.asarray(cand["op_id"], np.int64)
+    ops = _Sparse({k: cand[k] for k in BARRIER_COLUMNS}, sel)
     empty_b = dict(barrier=np.zeros(0, np.int64), series=np.zeros(0, np.int64), instance=np.zeros(0, np.int64),
                    participants=np.zeros(0, np.int64), first_ns=np.zeros(0, np.int64), last_ns=np.zeros(0, np.int64),
                    spread_ns=np.zeros(0, np.int64), first_participant=np.zeros(0, np.int64),
@@ -193,7 +206,16 @@ class _SparseCol:
         return self.v[np.searchsorted(self.sel, ids)]
 
 
-def build_losses(out, procs):
+def doorbell_losses(D, nproc):
+    """Per process: WQEBBs lost, doorbells not fully recovered (the doorbells table's columns ``D``)."""
+    if not len(D["process"]):
+        return np.zeros(nproc, np.int64), np.zeros(nproc, np.int64)
+    return (np.bincount(D["process"], weights=D["lost_wqebbs"], minlength=nproc).astype(np.int64),
+            np.bincount(D["process"], weights=~D["complete"], minlength=nproc).astype(np.int64))
+
+
+def build_losses(out, procs, per_process=None):
+    """The losses table; ``per_process``: ``doorbell_losses`` when the doorbells table is not here."""
     rows = []
     for path, off, nb, why in out.losses:
         rows.append(("file", -1, path, int(nb), 0, f"offset {off}: {why}"))
@@ -207,9 +229,8 @@ def build_losses(out, procs):
             rows.append(("missing_header", i, p.path, 0, 0, "no PROCESS header chunk"))
         if p.side_bad:
             rows.append(("bad_side_records", i, p.path, 0, int(p.side_bad), "side records that could not be parsed"))
-    D = out.tables["doorbells"]
-    lost_total = np.bincount(D["process"], weights=D["lost_wqebbs"], minlength=len(procs)).astype(np.int64) if len(D["process"]) else np.zeros(len(procs), np.int64)
-    incomplete = np.bincount(D["process"], weights=~D["complete"], minlength=len(procs)).astype(np.int64) if len(D["process"]) else np.zeros(len(procs), np.int64)
+    lost_total, incomplete = per_process if per_process is not None else \
+        doorbell_losses(out.tables["doorbells"], len(procs))
     for i in np.flatnonzero(lost_total):
         rows.append(("wqe_lost", int(i), procs[i].path, 0, int(lost_total[i]), "WQEBBs the poller could not recover"))
     for i in np.flatnonzero(incomplete):

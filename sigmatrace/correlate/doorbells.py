@@ -28,15 +28,11 @@ def opcode_names(codes):
     return _OPCODE_LABELS[np.asarray(codes, np.int64) & 0xFF]
 
 
-IBV_QPT_UD, PRM_ST_UD = 4, 0x2   # verbs qp_type / PRM qpc.st of a UD QP
-
-
 def _datagram_wqes(hd, heads, hrec, w_qp, topo, blob):
     """WQEs of UD QPs (UCX ud_mlx5 wire-up, ud_verbs) carry a datagram address vector after the ctrl
     segment (ref §1.8), which the vectorised decoder (RC compositions) would read as data segments: decode
     those few with parse_wqe(datagram=True) and put their byte counts and validity in hd."""
-    ud = np.array([(r.get("kind") == "verbs" and r.get("qp_type") == IBV_QPT_UD) or
-                   (r.get("kind") == "devx" and r.get("qp_type") == PRM_ST_UD) for r in topo.rows()], bool)
+    ud = topo.ud_mask()
     if not ud.any():
         return
     mine = ud[np.maximum(w_qp[hrec], 0)] & (w_qp[hrec] >= 0)
@@ -68,10 +64,26 @@ class Doorbells:
     wqe_doorbell: np.ndarray  # the doorbell that announced it, -1 unknown or duplicate
     duplicate: np.ndarray
     qp_gpu: np.ndarray       # GPU of each QP (-1 unknown)
+    missing_wqe_side: int = 0  # DB_WQE records whose WQE bytes are not in the capture
+    bad_wqes: int = 0        # recovered WQEs that failed validation
+    gpu_uses: list = None    # the (process, ordinal) GPUs the QP fallback took as used (``qp_gpus``), in order
 
 
-def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node_of, db, wq) -> Doorbells:
-    """The doorbells and wqes tables; ``db``, ``wq``: the DB_DOORBELL and DB_WQE columns."""
+def doorbell_warnings(missing_wqe_side, bad_wqes):
+    """The doorbell stage's warnings (from its counts, so that parts of a capture add up)."""
+    out = []
+    if missing_wqe_side:
+        out.append(f"{missing_wqe_side} DB_WQE event(s) point at WQE bytes that are not in the capture")
+    if bad_wqes:
+        out.append(f"{bad_wqes} recovered WQE(s) failed validation (index/QPN/segments); kept, flagged invalid")
+    return out
+
+
+def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node_of, db, wq, qp_ids=None,
+              warn=True) -> Doorbells:
+    """The doorbells and wqes tables; ``db``, ``wq``: the DB_DOORBELL and DB_WQE columns.  ``qp_ids``: the QPs
+    whose GPU is looked for (default all; the cluster report: the QPs of one part's processes); ``warn``:
+    append the warnings to ``out`` (else only counted in the result)."""
     tables = out.tables
     nd = len(db["tsc"])
     d_proc = db["process"].astype(np.int64)
@@ -101,8 +113,6 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
         rec_len[k] = len(body) // 64
         rec_bodies.append(body)
     missing_wqe_side = int(nwr - rec_ok.sum())
-    if missing_wqe_side:
-        out.warnings.append(f"{missing_wqe_side} DB_WQE event(s) point at WQE bytes that are not in the capture")
     # per-QP log_sq_size from WQE records where DevX create is missing
     for k in np.flatnonzero(rec_ok & (rec_lsq > 0)):
         r = topo.qp[topo.keys[int(w_qp[k])]]
@@ -134,8 +144,8 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
     qpn_ok = hd["qpn"].astype(np.int64) == (wq["qpn"][hrec].astype(np.int64) & 0xFFFFFF)
     wqe_valid = hd["valid"] & index_ok & qpn_ok
     bad = int((~wqe_valid).sum())
-    if bad:
-        out.warnings.append(f"{bad} recovered WQE(s) failed validation (index/QPN/segments); kept, flagged invalid")
+    if warn:
+        out.warnings.extend(doorbell_warnings(missing_wqe_side, bad))
     w_n = len(heads)
     we_proc = w_proc[hrec]
     we_qp = w_qp[hrec]
@@ -254,15 +264,7 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
             o = np.lexsort((-cc, qq))
             f = group_starts(qq[o])
             q_gpu[qq[o][f]] = gg[o][f]
-    page_gpu = {(int(p), int(pg)): int(g) for p, pg, g in zip(pollers.records["process"], pollers.page, pollers.gpu)}
-    for r in topo.rows():
-        i = r["qp_id"]
-        if q_gpu[i] < 0 and r["uar_page"] >= 0 and (r["process"], r["uar_page"]) in page_gpu:
-            q_gpu[i] = gpus.id(r["process"], page_gpu[(r["process"], r["uar_page"])])
-        if q_gpu[i] < 0 and r["kind"] == "devx":
-            gl = [g for g in ((procs[r["process"]].header or {}).get("gpus") or []) if isinstance(g, dict)]
-            if len(gl) == 1 and gl[0].get("ordinal") is not None:
-                q_gpu[i] = gpus.id(r["process"], int(gl[0]["ordinal"]))
+    uses = qp_gpus(q_gpu, topo, pollers, gpus, procs, qp_ids)
     # ---- the WQE table ------------------------------------------------------------------------------
     tables["wqes"] = dict(
         wqe_id=np.arange(w_n, dtype=np.int64), process=we_proc, node=node_of[we_proc] if w_n else np.zeros(0, np.int64),
@@ -282,5 +284,25 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
         verified=((rec_flags[hrec] & L.WQE_F_VERIFIED) != 0) if w_n else np.zeros(0, bool),
     )
     return Doorbells(n=nd, process=d_proc, tsc=d_tsc, gpu=d_gpu, wqe_process=we_proc, wqe_qp=we_qp, wqe_tsc=we_tsc,
-                     wqe_doorbell=we_db, duplicate=dup, qp_gpu=q_gpu)
+                     wqe_doorbell=we_db, duplicate=dup, qp_gpu=q_gpu, missing_wqe_side=missing_wqe_side, bad_wqes=bad,
+                     gpu_uses=uses)
+
+
+def qp_gpus(q_gpu, topo: Topology, pollers: Pollers, gpus: Gpus, procs, qp_ids=None):
+    """The GPU of each QP without doorbells (``q_gpu`` -1 there), in place: its UAR page's hijacked page, else
+    a DevX QP's process's only GPU.  Returns the (process, ordinal) GPUs taken, in order: ``Gpus.id`` marks
+    a GPU used by the first process that takes it, so whoever merges parts replays them in QP order."""
+    page_gpu = {(int(p), int(pg)): int(g) for p, pg, g in zip(pollers.records["process"], pollers.page, pollers.gpu)}
+    uses = []
+    for i in (range(topo.n) if qp_ids is None else qp_ids):
+        r = topo.row_at(i)
+        if q_gpu[i] < 0 and r["uar_page"] >= 0 and (r["process"], r["uar_page"]) in page_gpu:
+            uses.append((r["process"], page_gpu[(r["process"], r["uar_page"])]))
+            q_gpu[i] = gpus.id(*uses[-1])
+        if q_gpu[i] < 0 and r["kind"] == "devx":
+            gl = [g for g in ((procs[r["process"]].header or {}).get("gpus") or []) if isinstance(g, dict)]
+            if len(gl) == 1 and gl[0].get("ordinal") is not None:
+                uses.append((r["process"], int(gl[0]["ordinal"])))
+                q_gpu[i] = gpus.id(*uses[-1])
+    return uses
 

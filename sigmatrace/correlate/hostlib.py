@@ -22,6 +22,7 @@ UCX_OPS = {"UCP_PUT": 0x08, "UCP_GET": 0x10, "UCP_ATOMIC": -1, "UCP_TAG_SEND": 0
            "UCP_AM_SEND": 0x0A}
 OFI_OPS = {"OFI_SEND": 0x0A, "OFI_TSEND": 0x0A, "OFI_WRITE": 0x08, "OFI_READ": 0x10, "OFI_ATOMIC": -1}
 ID_TYPES = ("UCP_WORKER_CREATE", "UCP_EP_CREATE", "OFI_ENDPOINT", "OFI_AV_INSERT")
+OP_TYPES = tuple(UCX_OPS) + tuple(OFI_OPS)
 UCP_ATOMIC_ADD = 0          # ucp_atomic_op_t UCP_ATOMIC_OP_ADD
 FI_SUM = 2                  # enum fi_op FI_SUM
 ATOMIC_FA, ATOMIC_CS = 0x12, 0x11
@@ -209,12 +210,14 @@ def _map(d, a, b):
 
 
 def op_parts(tables, peers, src_ucx, src_ofi):
-    """Ops rows (base columns + dst_proc) for the UCX and libfabric operation records."""
+    """Ops rows (base columns + dst_proc) for the UCX and libfabric operation records: one part per type of
+    ``OP_TYPES`` (None for a type without records)."""
     parts = []
     for names, src in ((UCX_OPS, src_ucx), (OFI_OPS, src_ofi)):
         for name, code in names.items():
             t = tables.get(name)
             if t is None or not len(t["tsc"]):
+                parts.append(None)
                 continue
             n = len(t["tsc"])
             proc = t["process"].astype(np.int64)

@@ -28,14 +28,20 @@ from .util import group_starts, pq_key
 SRC_VERBS, SRC_DOORBELL, SRC_POST, SRC_UCX, SRC_OFI = 0, 1, 2, 3, 4
 SOURCE_NAMES = {SRC_VERBS: "verbs_wr", SRC_DOORBELL: "doorbell", SRC_POST: "verbs_post", SRC_UCX: "ucx",
                 SRC_OFI: "ofi"}
+# the parts of the ops table, in row order (each in process order): a global op id is its part's offset plus
+# the rows of earlier processes in that part plus its row in its process (the cluster report numbers them so)
+PART_NAMES = ("doorbell", "verbs_wr", "post", "wr_complete") + hostlib.OP_TYPES
 
 
-def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records) -> dict:
-    """The ops' narrow base columns (one row per operation).  ``records``: a dict holding the IBV_SEND_WR,
-    IBV_POST_SEND and IBV_WR_COMPLETE columns; they are taken out of it (freed once the ops hold them)."""
+def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records, peers) -> dict:
+    """The ops' narrow base columns (one row per operation), in parts: doorbell WQEs, work requests, post
+    calls (IBV_POST_SEND, then IBV_WR_COMPLETE), then each UCX and libfabric operation type (``PART_NAMES``);
+    each part in process order.  ``out.stats["op_parts"]``: the rows of each part.  ``records``: a dict
+    holding the IBV_SEND_WR, IBV_POST_SEND and IBV_WR_COMPLETE columns; they are taken out of it (freed once
+    the ops hold them).  ``peers``: ``hostlib.Peers`` of the whole capture (its per-library counts grow)."""
     tables = out.tables
     swr, ps, wrc = records.pop("IBV_SEND_WR"), records.pop("IBV_POST_SEND"), records.pop("IBV_WR_COMPLETE")
-    ops_parts = []
+    ops_parts, part_rows = [], {}
     wsel = np.flatnonzero(~dbs.duplicate & np.isin(tables["wqes"]["opcode"], DATA_OPS)) if len(dbs.wqe_qp) else np.zeros(0, np.int64)
     db_qps = set(np.unique(dbs.wqe_qp[wsel]).tolist()) if len(wsel) else set()
     if len(wsel):
@@ -49,6 +55,7 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records) -> dict:
             rkey=tables["wqes"]["rkey"][wsel], wr_id=np.full(len(wsel), -1, np.int64), num_wr=np.ones(len(wsel), np.int64),
             doorbell_id=dbi, wqe_id=wsel, signaled=tables["wqes"]["signaled"][wsel],
             gpu=np.where(has_db, dbs.gpu[np.maximum(dbi, 0)] if dbs.n else -1, dbs.qp_gpu[dbs.wqe_qp[wsel]])))
+        part_rows["doorbell"] = len(wsel)
     s_qp = topo.of(swr["process"], swr["qpn"]).astype(np.int32)
     s_keep = ~np.isin(s_qp, list(db_qps)) if len(s_qp) and db_qps else np.ones(len(s_qp), bool)
     wr_qps = set(np.flatnonzero(np.bincount(s_qp[s_keep], minlength=topo.n + 1)).tolist()) if len(s_qp) else set()
@@ -63,6 +70,7 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records) -> dict:
             wr_id=swr["wr_id"][k].view(np.int64), num_wr=np.ones(nk, np.int32),
             doorbell_id=np.full(nk, -1, np.int32), wqe_id=np.full(nk, -1, np.int32),
             signaled=((swr["send_flags"][k] & IBV_SEND_SIGNALED) != 0), gpu=dbs.qp_gpu[sq].astype(np.int32)))
+        part_rows["verbs_wr"] = nk
         del sq, code
     del s_keep
     for tb, is_post in ((ps, True), (wrc, False)):
@@ -84,12 +92,15 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records) -> dict:
                 rkey=np.zeros(len(k), np.int64), wr_id=wr_id, num_wr=tb["num_wr"][k].astype(np.int64),
                 doorbell_id=np.full(len(k), -1, np.int64), wqe_id=np.full(len(k), -1, np.int64),
                 signaled=np.ones(len(k), bool), gpu=dbs.qp_gpu[p_qp[k]]))
+            part_rows["post" if is_post else "wr_complete"] = len(k)
     # UCX / libfabric operations (no QP; the peer process from endpoint identities)
-    hl = {n: st.table(n) for n in hostlib.ID_TYPES + tuple(hostlib.UCX_OPS) + tuple(hostlib.OFI_OPS)}
-    peers = hostlib.Peers(hl, procs)
-    out._peers = peers
-    ops_parts += hostlib.op_parts(hl, peers, SRC_UCX, SRC_OFI)
+    hl = {n: st.table(n) for n in tuple(hostlib.UCX_OPS) + tuple(hostlib.OFI_OPS)}
+    for name, part in zip(hostlib.OP_TYPES, hostlib.op_parts(hl, peers, SRC_UCX, SRC_OFI)):
+        if part is not None:
+            ops_parts.append(part)
+            part_rows[name] = len(part["tsc"])
     del hl
+    out.stats["op_parts"] = [int(part_rows.get(n, 0)) for n in PART_NAMES]
     cols = ("source", "process", "thread", "qp_id", "tsc", "opcode", "bytes", "raddr", "rkey", "wr_id", "num_wr",
             "doorbell_id", "wqe_id", "signaled", "gpu", "dst_proc", "ep")
     # narrow base columns (the output dtypes are restored per row range in RowTable)
@@ -117,9 +128,9 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records) -> dict:
     return ops
 
 
-def explain_unmatched(out, op_base, topo: Topology):
-    """How many operations have no peer, per library, and why (``out.stats["unmatched"]`` and one warning
-    per library): never a silent ``rank -1``."""
+def unmatched_counts(op_base, topo: Topology):
+    """Operations on QPs and those without a peer, per source, with why: {source: (total, {reason: n})}.  The
+    counts of parts of the operations add up (``merge_unmatched``)."""
     res = {}
     q = np.asarray(op_base["qp_id"]).astype(np.int64)
     src = np.asarray(op_base["source"]).astype(np.int64)
@@ -128,12 +139,11 @@ def explain_unmatched(out, op_base, topo: Topology):
         rem = np.where(on_qp, topo.remote[np.maximum(q, 0)] if topo.n else -1, 0)
         lost = on_qp & (rem < 0)
         for s_ in np.unique(src[on_qp]).tolist():
-            name = SOURCE_NAMES[int(s_)]
             total = int((on_qp & (src == s_)).sum())
             qs, counts = np.unique(q[lost & (src == s_)], return_counts=True)
             reasons = {}
             for qq, c in zip(qs.tolist(), counts.tolist()):
-                r = topo.rows()[qq]
+                r = topo.row_at(qq)
                 if r.get("kind") == "verbs" and r.get("qp_type") == 4:     # IBV_QPT_UD: no connected peer
                     why = ("UD datagram: the destination is per work request (address handle + remote QPN), "
                            "which the correlator does not resolve (yet)")
@@ -142,16 +152,42 @@ def explain_unmatched(out, op_base, topo: Topology):
                            if r["remote_qpn"] is not None and r["remote_qpn"] >= 0 else
                            "its QP's connection (modify to RTR / DevX INIT2RTR) was not recorded")
                 reasons[why] = reasons.get(why, 0) + int(c)
-            res[name] = dict(operations=total, unmatched=int(sum(reasons.values())), reasons=reasons)
-    peers = getattr(out, "_peers", None)
+            res[SOURCE_NAMES[int(s_)]] = (total, reasons)
+    return res
+
+
+def merge_unmatched(parts):
+    """``unmatched_counts`` of parts of the operations -> of all of them."""
+    out = {}
+    for p in parts:
+        for name, (total, reasons) in p.items():
+            t, r = out.get(name, (0, {}))
+            for why, n in reasons.items():
+                r[why] = r.get(why, 0) + n
+            out[name] = (t + total, r)
+    return out
+
+
+_LIBRARY_ORDER = [SOURCE_NAMES[s] for s in sorted(SOURCE_NAMES)] + ["ucx", "libfabric"]
+
+
+def explain_unmatched(out, counts, peers):
+    """How many operations have no peer, per library, and why (``out.stats["unmatched"]`` and one warning
+    per library, QP sources first in source order, then UCX and libfabric; reasons by count, then name):
+    never a silent ``rank -1``.  ``counts``: ``unmatched_counts`` of every operation."""
+    res = {}
+    for name, (total, reasons) in counts.items():
+        res[name] = dict(operations=int(total), unmatched=int(sum(reasons.values())), reasons=reasons)
     if peers is not None:
         for lib, total in peers.total.items():
             reasons = peers.unmatched.get(lib, {})
             res[lib] = dict(operations=int(total), unmatched=int(sum(reasons.values())), reasons=reasons)
+    res = {k: dict(v, reasons=dict(sorted(v["reasons"].items(), key=lambda kv: (-kv[1], kv[0]))))
+           for k, v in sorted(res.items(), key=lambda kv: _LIBRARY_ORDER.index(kv[0]))}
     out.stats["unmatched"] = res
     for lib, d in res.items():
         if d["unmatched"]:
-            why = "; ".join(f"{n:,} {r}" for r, n in sorted(d["reasons"].items(), key=lambda kv: -kv[1]))
+            why = "; ".join(f"{n:,} {r}" for r, n in d["reasons"].items())
             out.warnings.append(f"{d['unmatched']:,} of {d['operations']:,} {lib} operation"
                                 f"{'s are' if d['operations'] != 1 else ' is'} not matched to a peer: {why}")
     return res
@@ -170,45 +206,41 @@ class Matches:
     op_remote_qp: np.ndarray
 
 
+def send_keys(ops, topo: Topology):
+    """The receive-consuming operations with a connected remote QP: (rows, remote QP of each)."""
+    o_qp = ops["qp_id"]
+    no = len(o_qp)
+    o_dqp = np.where(o_qp >= 0, topo.remote[np.maximum(o_qp, 0)], -1) if no and topo.n else np.full(no, -1, np.int64)
+    snd = np.flatnonzero(np.isin(ops["opcode"], CONSUMES_RECV) & (o_dqp >= 0))
+    return snd, o_dqp
+
+
+def recv_keys(wc, c_qp):
+    """The receive completions on known QPs: rows."""
+    return np.flatnonzero((wc["opcode"] >= IBV_WC_RECV) & (c_qp >= 0))
+
+
 def match(out, ops, topo: Topology, wc) -> Matches:
     """post -> completion and send -> receive over the completions ``wc`` (IBV_WC columns)."""
     no = len(ops["tsc"])
-    o_qp, o_tsc, o_op = ops["qp_id"], ops["tsc"], ops["opcode"]
-    o_dqp = np.where(o_qp >= 0, topo.remote[np.maximum(o_qp, 0)], -1) if no and topo.n else np.full(no, -1, np.int64)
+    o_tsc = ops["tsc"]
+    snd, o_dqp = send_keys(ops, topo)
     nwc = len(wc["tsc"])
     c_proc = wc["process"].astype(np.int32)
     c_qp = topo.of(c_proc, wc["qpn"]).astype(np.int32)
     c_tsc = wc["tsc"]
-    c_op = np.full(nwc, -1, np.int32)          # op ids / completion ids fit int32 (< 2^31 rows)
     is_recv = wc["opcode"] >= IBV_WC_RECV
     # The two joins are independent (they fill disjoint completions of c_op): with several workers the
     # send <-> receive join runs in a thread next to post -> completion, and each join sorts its two sides in
     # two threads (numpy's sorts, searchsorted and ufuncs and the C merge release the GIL).
     pool = ThreadPoolExecutor(max_workers=3) if out.workers > 1 and nwc and no else None
-    op_compl = np.full(no, -1, np.int32)
     op_peer = np.full(no, -1, np.int32)
-
-    def post_completion():
-        # post -> completion: (qp, wr_id, k-th occurrence) among signaled WRs of the QP
-        cand = (ops["wr_id"] >= 0) & (ops["source"] != SRC_DOORBELL)
-        any_sig = np.zeros(topo.n + 1, bool)
-        if cand.any():
-            any_sig[o_qp[cand & ops["signaled"]]] = True
-        sig_all = np.array([r["sq_sig_all"] for r in topo.rows()] + [False], bool)
-        ou = np.flatnonzero(cand & (ops["signaled"] | ~any_sig[o_qp] | sig_all[o_qp]))
-        del cand
-        cs = np.flatnonzero(~is_recv)
-        if len(ou) and len(cs):
-            gk_o = pq_key(o_qp[ou].astype(np.int64) + 1, ops["wr_id"][ou] & 0xFFFFFFFF)
-            gk_c = pq_key(c_qp[cs].astype(np.int64) + 1, wc["wr_id"][cs].astype(np.int64) & 0xFFFFFFFF)
-            io, ic = match_kth(gk_o, o_tsc[ou], gk_c, c_tsc[cs], pool)
-            op_compl[ou[io]] = cs[ic]
-            c_op[cs[ic]] = ou[io]
+    c_op = np.full(nwc, -1, np.int32)          # op ids / completion ids fit int32 (< 2^31 rows)
+    op_compl = None
 
     def send_receive():
         # send <-> receive matching on the connected QP: k-th recv-consuming op <-> k-th recv completion
-        snd = np.flatnonzero(np.isin(o_op, CONSUMES_RECV) & (o_dqp >= 0))
-        rcv = np.flatnonzero(is_recv & (c_qp >= 0))
+        rcv = recv_keys(wc, c_qp)
         if len(snd) and len(rcv):
             i_s, i_r = match_kth(o_dqp[snd], o_tsc[snd], c_qp[rcv].astype(np.int64), c_tsc[rcv], pool)
             op_peer[snd[i_s]] = rcv[i_r]
@@ -218,13 +250,39 @@ def match(out, ops, topo: Topology, wc) -> Matches:
         if pool is not None:
             with pool:
                 f = pool.submit(send_receive)
-                post_completion()
+                op_compl = match_posts(ops, topo, wc, c_qp, is_recv, c_op, pool)
                 f.result()
         else:
-            post_completion()
+            op_compl = match_posts(ops, topo, wc, c_qp, is_recv, c_op)
             send_receive()
+    if op_compl is None:
+        op_compl = np.full(no, -1, np.int32)
     return Matches(op_completion=op_compl, op_peer=op_peer, wc_process=c_proc, wc_qp=c_qp, wc_tsc=c_tsc, wc_op=c_op,
                    is_recv=is_recv, op_remote_qp=o_dqp)
+
+
+def match_posts(ops, topo: Topology, wc, c_qp, is_recv, c_op, pool=None):
+    """post -> completion: (qp, wr_id, k-th occurrence) among the signaled WRs of the QP (every operation and
+    completion of a QP is its process's).  Returns each op's completion row (-1: none) and fills ``c_op`` (the
+    op row of each send-side completion)."""
+    no = len(ops["tsc"])
+    o_qp, o_tsc = ops["qp_id"], ops["tsc"]
+    op_compl = np.full(no, -1, np.int32)
+    cand = (ops["wr_id"] >= 0) & (ops["source"] != SRC_DOORBELL)
+    any_sig = np.zeros(topo.n + 1, bool)
+    if cand.any():
+        any_sig[o_qp[cand & ops["signaled"]]] = True
+    sig_all = np.append(topo.sig_all_mask(), False)
+    ou = np.flatnonzero(cand & (ops["signaled"] | ~any_sig[o_qp] | sig_all[o_qp]))
+    del cand
+    cs = np.flatnonzero(~is_recv)
+    if len(ou) and len(cs):
+        gk_o = pq_key(o_qp[ou].astype(np.int64) + 1, ops["wr_id"][ou] & 0xFFFFFFFF)
+        gk_c = pq_key(c_qp[cs].astype(np.int64) + 1, wc["wr_id"][cs].astype(np.int64) & 0xFFFFFFFF)
+        io, ic = match_kth(gk_o, o_tsc[ou], gk_c, wc["tsc"][cs], pool)
+        op_compl[ou[io]] = cs[ic]
+        c_op[cs[ic]] = ou[io]
+    return op_compl
 
 
 OPS_COLUMNS = schema.columns("ops")
@@ -237,12 +295,55 @@ _OUT_DT = dict(source=np.int64, process=np.int64, thread=np.int64, qp_id=np.int6
 SOURCE_VOCAB = [SOURCE_NAMES[s] for s in range(len(SOURCE_NAMES))]
 
 
-def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns):
-    """(ops, completions) as RowTables over narrow base columns; every output column per row range."""
+@dataclass
+class RowIds:
+    """Global ids of one part's rows (the cluster report correlates a capture in parts, one per process file;
+    the local correlator's rows are the global ones).  ``op``: the global op id of each row of the part's
+    ops; ``peer``: (process, tsc) of each op's peer completion (on another part: its rows are not here);
+    completions, doorbells and WQEs: the global id of the part's first row."""
+    op: np.ndarray = None
+    completion: int = 0
+    doorbell: int = 0
+    wqe: int = 0
+    peer: tuple = None
+
+    def ops(self, local, where=None):
+        """Global op ids of the op rows ``local`` (-1 stays -1); ``where``: only these entries are rows (the
+        others are returned as they are)."""
+        out = np.asarray(local).astype(np.int64)
+        if self.op is None:
+            return out
+        ok = out >= 0 if where is None else (out >= 0) & where
+        out = out.copy()
+        out[ok] = self.op[out[ok]]
+        return out
+
+
+def _shifted(v, base):
+    v = np.asarray(v).astype(np.int64)
+    return v if not base else np.where(v >= 0, v + base, v)
+
+
+def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns, ids: RowIds | None = None):
+    """(ops, completions) as RowTables over narrow base columns; every output column per row range.
+
+    ``ops["completion"]`` and the non-receive completions' ``op_id`` are rows of this part; ``peer_completion``
+    and the receive completions' ``op_id`` are global ids; ``ids`` maps the rest (default: one part)."""
+    ids = ids or RowIds()
     no = len(ops["tsc"])
     nwc = len(wcb["tsc"])
     o_compl, o_peer = ops["completion"], ops["peer_completion"]
     c_proc, c_tsc, c_op = wcb["process"], wcb["tsc"], wcb["op_id"]
+
+    def peer_ns_at(sel):        # ns of each op's peer completion, -1 where none
+        if ids.peer is None:
+            return c_ns_at(o_peer[sel])
+        pp, pt = ids.peer[0][sel], ids.peer[1][sel]
+        ok = pp >= 0
+        res = np.full(len(pp), -1, np.int64)
+        if ok.any():
+            res[ok] = to_ns(pp[ok], pt[ok])
+        return res
 
     def c_ns_at(idx):           # ns of completions idx (>= 0), -1 elsewhere
         ok = idx >= 0
@@ -270,13 +371,17 @@ def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns):
         want = set(names)
         r = {}
         for c in ("source", "process", "thread", "qp_id", "tsc", "opcode", "bytes", "raddr", "rkey", "wr_id",
-                  "num_wr", "doorbell_id", "wqe_id", "signaled", "gpu", "collective_id", "collective_unit"):
+                  "num_wr", "signaled", "gpu", "collective_id", "collective_unit"):
             if c in want:
                 r[c] = ops[c][sel].astype(_OUT_DT[c], copy=False)
+        if "doorbell_id" in want:
+            r["doorbell_id"] = _shifted(ops["doorbell_id"][sel], ids.doorbell)
+        if "wqe_id" in want:
+            r["wqe_id"] = _shifted(ops["wqe_id"][sel], ids.wqe)
         p = ops["process"][sel].astype(np.int64)
         n = len(p)
         if "op_id" in want:
-            r["op_id"] = sel_ids(sel, no)
+            r["op_id"] = ids.ops(sel_ids(sel, no))
         if "node" in want:
             r["node"] = proc_node[p]
         if "rank" in want:
@@ -317,13 +422,13 @@ def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns):
             r["ns"] = ns
             r["complete_ns"] = cns
             r["latency_ns"] = np.where(oc >= 0, cns - ns, -1)
-            r["peer_ns"] = c_ns_at(o_peer[sel])
+            r["peer_ns"] = peer_ns_at(sel)
         if "peer_completion" in want:
             r["peer_completion"] = o_peer[sel].astype(np.int64)
         if "parent_op_id" in want:
-            r["parent_op_id"] = ops["parent"][sel].astype(np.int64)
+            r["parent_op_id"] = ids.ops(ops["parent"][sel])
         if "completion" in want:
-            r["completion"] = o_compl[sel].astype(np.int64)
+            r["completion"] = _shifted(o_compl[sel], ids.completion)
         return {k: r[k] for k in names}
 
     def comp_rows(sel, names, labels=False):
@@ -332,13 +437,16 @@ def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns):
         p = c_proc[sel].astype(np.int64)
         n = len(p)
         if "completion_id" in want:
-            r["completion_id"] = sel_ids(sel, nwc)
+            r["completion_id"] = sel_ids(sel, nwc) + ids.completion
         r["process"] = p
         if "node" in want:
             r["node"] = proc_node[p] if n else np.zeros(0, np.int64)
-        for c in ("thread", "qp_id", "qpn", "wr_id", "status", "wc_opcode", "byte_len", "is_recv", "tsc", "op_id"):
+        for c in ("thread", "qp_id", "qpn", "wr_id", "status", "wc_opcode", "byte_len", "is_recv", "tsc"):
             if c in want:
                 r[c] = wcb[c][sel].astype(_OUT_DT.get(c, np.int64) if c != "tsc" else np.uint64, copy=False)
+        if "op_id" in want:
+            co = wcb["op_id"][sel].astype(np.int64)
+            r["op_id"] = ids.ops(co, ~wcb["is_recv"][sel])
         if want & {"ns", "latency_ns"}:
             ns = to_ns(p, c_tsc[sel])
             r["ns"] = ns

@@ -23,7 +23,7 @@ import numpy as np
 from ..decode import DEFAULT_BATCH_RECORDS, EventStore
 from ..errors import TraceFormatError
 from ..format.reader import capture_files
-from . import clock, collectives, derived, doorbells, identity, ops
+from . import clock, collectives, derived, doorbells, hostlib, identity, ops
 from .pool import decode_all, memtrace, trim
 from .result import Correlated, LazyTable
 from .topology import Topology
@@ -113,8 +113,10 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     dbs = doorbells.associate(out, st, procs, topo, pollers, gpus, node_of, records.pop("DB_DOORBELL"),
                               records.pop("DB_WQE"))
     memtrace("doorbells/wqes")
-    op_base = ops.assemble(out, st, procs, topo, dbs, records)
-    ops.explain_unmatched(out, op_base, topo)
+    peers = hostlib.Peers({n: st.table(n) for n in hostlib.ID_TYPES}, procs)
+    out._peers = peers
+    op_base = ops.assemble(out, st, procs, topo, dbs, records, peers)
+    ops.explain_unmatched(out, ops.unmatched_counts(op_base, topo), peers)
     memtrace("ops built")
     wc = records.pop("IBV_WC")
     m = ops.match(out, op_base, topo, wc)
@@ -125,7 +127,7 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     coll.attribute(op_base, m.op_completion, m.wc_tsc)
     memtrace("collectives")
     # F24b: refine the clocks from matched operations, then every time column on the final time base
-    pairs = clock.matched_pairs(op_base, m, node_of, ranks, topo.remote, to_ns)
+    pairs = clock.matched_pairs(op_base, m, node_of, ranks, topo.remote, to_ns, topo.process)
     memtrace("pairs built")
     if progress:
         progress("correlate", 1)           # operations matched
@@ -158,7 +160,7 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     out.proc_node = node_of
     out._to_ns = to_ns
     tables["events"] = LazyTable(out._load_events, st.n)
-    out.stats["time_range_ns"] = _time_range(procs, to_ns)
+    out.stats["time_range_ns"] = time_range(tsc_bounds(procs), to_ns)
     tables["clock"] = clock.clock_table(clocks, labels)
     memtrace("events idx")
     derived.build_flows(out)
@@ -168,16 +170,22 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     derived.build_aggregates(out, procs, topo.of, topo.remote, topo.process, dbs.qp_gpu, node_of, ranks)
 
 
-def _time_range(procs, to_ns):
-    """[first, last] ns of all events: the TSC -> ns map is monotone per node, so the per-chunk TSC bounds
-    suffice."""
-    lo, hi = [], []
+def tsc_bounds(procs):
+    """Per process (index, first TSC, last TSC) of its events, from the chunk index."""
+    out = []
     for i, p in enumerate(procs):
         ch = p.chunks
-        if ch is None or not len(ch):
-            continue
-        ends = np.array([ch["tsc_min"].min(), ch["tsc_max"].max()], np.uint64)
-        v = to_ns(np.full(2, i, np.int64), ends)
+        if ch is not None and len(ch):
+            out.append((i, int(ch["tsc_min"].min()), int(ch["tsc_max"].max())))
+    return out
+
+
+def time_range(bounds, to_ns):
+    """[first, last] ns of all events: the TSC -> ns map is monotone per node, so the per-process TSC bounds
+    (``tsc_bounds``) suffice."""
+    lo, hi = [], []
+    for i, a, b in bounds:
+        v = to_ns(np.full(2, i, np.int64), np.array([a, b], np.uint64))
         lo.append(int(v.min()))
         hi.append(int(v.max()))
     return [min(lo), max(hi)] if lo else None

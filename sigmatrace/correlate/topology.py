@@ -19,6 +19,7 @@ from .util import pq_key
 
 # PRM opcodes (ref §3): CREATE_QP and the QP state transitions that carry the remote address
 PRM_CREATE_QP = 0x500
+IBV_QPT_UD, PRM_ST_UD = 4, 0x2   # verbs qp_type / PRM qpc.st of a UD QP
 PRM_QP_TRANSITIONS = (0x502, 0x503, 0x504, 0x505)      # RST2INIT, INIT2RTR, RTR2RTS, RTS2RTS
 
 # what a malformed PRM command record raises when parsed (counted and reported, never fatal); anything
@@ -65,6 +66,22 @@ class Topology:
     def rows(self):
         """QP rows in qp_id order."""
         return [self.qp[k] for k in self.keys]
+
+    def row_at(self, i):
+        return self.qp[self.keys[i]]
+
+    def ud_mask(self):
+        """Per QP: a UD QP (verbs IBV_QPT_UD or DevX st UD), whose WQEs carry a datagram address vector."""
+        if getattr(self, "_ud", None) is None:
+            self._ud = np.array([(r.get("kind") == "verbs" and r.get("qp_type") == IBV_QPT_UD) or
+                                 (r.get("kind") == "devx" and r.get("qp_type") == PRM_ST_UD) for r in self.rows()], bool)
+        return self._ud
+
+    def sig_all_mask(self):
+        """Per QP: created with sq_sig_all (every work request signaled)."""
+        if getattr(self, "_sig_all", None) is None:
+            self._sig_all = np.array([r["sq_sig_all"] for r in self.rows()], bool)
+        return self._sig_all
 
     def _created(self, st, procs):
         create_qp_records = st.table("IBV_CREATE_QP")

@@ -280,32 +280,34 @@ def _type_tables(ev, is_ext, sel, thr):
     return out
 
 
-def decode_file(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS, kernel=None) -> FileDecode:
+def decode_file(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS, kernel=None, name=None) -> FileDecode:
     """Decode one file (or the chunks that start in [start, stop)); never raises for bad content.
 
     Uses the C decode kernel (``_kernel``) when it is built and not disabled (``SIGMATRACE_NO_KERNEL=1``),
-    else the numpy path below; both give identical results.  ``kernel``: True / False forces one."""
+    else the numpy path below; both give identical results.  ``kernel``: True / False forces one.  ``name``:
+    the file's name in the results and messages (default ``path``; a worker of the cluster report opens the
+    absolute path of a name given relative to the client's directory)."""
     if kernel is None or kernel:
         k = _kernel.get()
         if k is not None:
             try:
-                return _decode_file_kernel(k, path, start, stop, batch_records)
+                return _decode_file_kernel(k, path, start, stop, batch_records, name)
             except (_KernelMismatch, RuntimeError):
                 pass   # the kernel and the reader disagreed about a chunk (or a kernel call failed): numpy path
         elif kernel:
             raise RuntimeError("decode kernel not available")
-    return _decode_file_numpy(path, start, stop, batch_records)
+    return _decode_file_numpy(path, start, stop, batch_records, name)
 
 
 class _KernelMismatch(Exception):
     pass
 
 
-def _decode_file_kernel(k, path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:
+def _decode_file_kernel(k, path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS, name=None) -> FileDecode:
     """``decode_file`` with the C kernel: chunk validation + CRC, EXT join and per-type scatter in C; the
     Python side handles metadata chunks and does O(chunks) work per batch.  Chunks the kernel rejects are
     handed to ``iter_chunks`` (recover mode), which reports the loss and finds the next valid chunk."""
-    path = str(path)
+    src, path = str(path), str(name if name is not None else path)
     out = FileDecode(path, start=int(start))
     procs: dict[int, int] = {}
     plist: list[ProcDecode] = []
@@ -313,7 +315,7 @@ def _decode_file_kernel(k, path, start=0, stop=None, batch_records=DEFAULT_BATCH
     batch_records = max(1, int(batch_records))
     buf = None
     try:
-        buf = open_buffer(path)
+        buf = open_buffer(src)
         n = len(buf)
         lim = n if stop is None else min(n, int(stop))
         off = int(start)
@@ -419,9 +421,9 @@ def _meta_chunk(proc, kind, payload, count, thread, offset, out):
         proc.end = _json(payload, path, offset, kind, out.warnings)
 
 
-def _decode_file_numpy(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:
+def _decode_file_numpy(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS, name=None) -> FileDecode:
     """The numpy path of ``decode_file`` (no compiled kernel)."""
-    path = str(path)
+    src, path = str(path), str(name if name is not None else path)
     out = FileDecode(path, start=int(start))
     procs: dict[int, int] = {}
     plist: list[ProcDecode] = []
@@ -430,7 +432,7 @@ def _decode_file_numpy(path, start=0, stop=None, batch_records=DEFAULT_BATCH_REC
     batch = _Batch(batch_records + 2730)
     buf = None
     try:
-        buf = open_buffer(path)
+        buf = open_buffer(src)
         for ch in iter_chunks(path, errors="recover", losses=losses, data=buf, start=start, stop=stop):
             pi = procs.get(ch.process_uid)
             if pi is None:
@@ -525,8 +527,8 @@ def iter_event_batches(procs, batch_records=DEFAULT_BATCH_RECORDS):
             if fd is None:
                 for f in fds.values():
                     os.close(f)
-                fds = {p.path: os.open(p.path, os.O_RDONLY)}
-                fd = fds[p.path]
+                fds = {}            # (closed: a file that cannot be opened now is the error, not a double close)
+                fd = fds[p.path] = os.open(p.path, os.O_RDONLY)
             counts = ch["count"]
             cum = np.cumsum(counts)
             j = 0

@@ -13,15 +13,17 @@ from .types import TYPE_COLUMNS
 
 
 class EventStore:
-    def __init__(self, procs, consume=True):
+    def __init__(self, procs, consume=True, first=0):
         """procs: list of ProcDecode in global process order.  ``consume``: each type's per-process columns
-        are released once ``table`` has concatenated them (the correlator asks for each type once)."""
+        are released once ``table`` has concatenated them (the correlator asks for each type once).
+        ``first``: the global index of ``procs[0]`` (the cluster report holds a few processes per part)."""
         n = [p.n_events for p in procs]
         self.offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
         self.n = int(self.offsets[-1])
         self._procs = procs
         self._consume = consume
         self._ready = {}
+        self.first = int(first)
 
     def __len__(self):
         return self.n
@@ -51,7 +53,7 @@ class EventStore:
             t = tabs.pop(name, None) if self._consume else tabs.get(name)
             if t is not None and len(t["tsc"]):
                 parts.append(t)
-                procs.append(np.full(len(t["tsc"]), i, np.uint32))
+                procs.append(np.full(len(t["tsc"]), self.first + i, np.uint32))
         keys = ["tsc", "thread"] + [c[0] for c in cols_spec]
         dts = dict(tsc=np.uint64, thread=np.uint32, **{c[0]: c[4] for c in cols_spec})
         cols = {}

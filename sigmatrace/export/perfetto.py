@@ -36,84 +36,9 @@ import numpy as np
 from ..format import events as E
 from ..progress import QUIET
 from ..schema import NULL_SENTINEL
-from ..tables.host_events import host_events
+from .window import Window, in_window, perfetto_window
 
 _SEQ = 7
-
-
-_SCAN_ROWS = 1 << 22       # operations per range in the streaming pass over ops
-_QP_SERIES_MAX = 1 << 24   # per-QP bins kept in the first pass (else a second pass for the top QPs only)
-
-
-def _ops_cols(ops_t, sel, names):
-    if hasattr(ops_t, "rows"):
-        return ops_t.rows(sel, names)
-    return {k: np.asarray(ops_t[k])[sel] for k in names}
-
-
-def _scan_ops(ops_t, n_ops, n_gpu, n_node, n_qp, keep, bins, time_range=None):
-    """One streaming pass over the operations (ranges of _SCAN_ROWS rows, so no column of every op is held):
-    egress bytes per (GPU | node | QP, time bin) for the counters, and the ``keep`` earliest ops (ns, row) as
-    candidates for the drawn time window.  The bins span ``time_range`` (the capture's) when known."""
-    names = ("ns", "bytes", "gpu", "node", "qp_id")
-    if time_range is None or time_range[1] < time_range[0]:
-        lo = hi = None
-        for a in range(0, n_ops, _SCAN_ROWS):
-            ns = _ops_cols(ops_t, slice(a, min(a + _SCAN_ROWS, n_ops)), ("ns",))["ns"]
-            if len(ns):
-                lo = int(ns.min()) if lo is None else min(lo, int(ns.min()))
-                hi = int(ns.max()) if hi is None else max(hi, int(ns.max()))
-        time_range = (lo or 0, hi or 0)
-    t0, t1 = int(time_range[0]), int(time_range[1]) + 1
-    bin_ns = max(1000, (t1 - t0) // bins + 1)
-    nb = int((t1 - t0) // bin_ns) + 1
-    acc = dict(gpu=np.zeros(n_gpu * nb), node=np.zeros(n_node * nb))
-    qp_series = n_qp * nb <= _QP_SERIES_MAX
-    if qp_series:
-        acc["qp_id"] = np.zeros(n_qp * nb)
-    qtot = np.zeros(n_qp)
-    cand_ns, cand_row = [], []
-
-    def add(key, n, b, w, into):
-        ok = (key >= 0) & (key < n)
-        into += np.bincount(key[ok].astype(np.int64) * nb + b[ok], weights=w[ok], minlength=n * nb)
-
-    for a in range(0, n_ops, _SCAN_ROWS):
-        c = _ops_cols(ops_t, slice(a, min(a + _SCAN_ROWS, n_ops)), names)
-        ns = np.asarray(c["ns"], np.int64)
-        b = np.clip((ns - t0) // bin_ns, 0, nb - 1)
-        w = np.asarray(c["bytes"], np.float64)
-        add(np.asarray(c["gpu"]), n_gpu, b, w, acc["gpu"])
-        add(np.asarray(c["node"]), n_node, b, w, acc["node"])
-        q = np.asarray(c["qp_id"])
-        hasq = (q >= 0) & (q < n_qp)          # UCX / libfabric ops have no QP
-        qtot += np.bincount(q[hasq], weights=w[hasq], minlength=n_qp)
-        if qp_series:
-            add(q, n_qp, b, w, acc["qp_id"])
-        if keep > 0:
-            # this range's keep earliest, ties included: every op at or before the window's end (the keep-th
-            # earliest of all candidates, never later than any range's keep-th) is among them
-            r = np.flatnonzero(ns <= np.partition(ns, keep - 1)[keep - 1]) if len(ns) > keep else np.arange(len(ns))
-            cand_ns.append(ns[r])
-            cand_row.append(r + a)
-    top = [int(q) for q in np.argsort(-qtot, kind="stable")[:64] if qtot[q] > 0]
-    if qp_series:
-        per_qp = acc["qp_id"].reshape(n_qp, nb)[top]
-    else:                                  # many QPs: the top ones' series in a second pass
-        slot = np.full(n_qp, -1, np.int64)
-        slot[top] = np.arange(len(top))
-        per_qp = np.zeros(len(top) * nb)
-        for a in range(0, n_ops, _SCAN_ROWS):
-            c = _ops_cols(ops_t, slice(a, min(a + _SCAN_ROWS, n_ops)), ("ns", "bytes", "qp_id"))
-            q = np.asarray(c["qp_id"])
-            k = np.where((q >= 0) & (q < n_qp), slot[np.clip(q, 0, max(n_qp - 1, 0))], -1)
-            b = np.clip((np.asarray(c["ns"], np.int64) - t0) // bin_ns, 0, nb - 1)
-            add(k, len(top), b, np.asarray(c["bytes"], np.float64), per_qp)
-        per_qp = per_qp.reshape(len(top), nb)
-    cand = (np.concatenate(cand_ns) if cand_ns else np.zeros(0, np.int64),
-            np.concatenate(cand_row) if cand_row else np.zeros(0, np.int64))
-    return dict(t0=t0, bin_ns=bin_ns, nb=nb, gpu=acc["gpu"].reshape(n_gpu, nb) / bin_ns,
-                node=acc["node"].reshape(n_node, nb) / bin_ns, top_qps=top, qp=per_qp / bin_ns, candidates=cand)
 
 
 _CHUNK = 50_000             # drawn events per emission chunk (one packet sequence each)
@@ -336,7 +261,7 @@ def _emit_chunk(arg):
                    ("raddr", f"{int(ops['raddr'][i]):#x}"), ("rkey", f"{int(ops['rkey'][i]):#x}"), ("peer", peer),
                    ("source", str(ops["source_name"][i]))]
             if ops["doorbell_id"][i] >= 0:
-                ann.append(("producer_index", int(D["producer_index"][ops["doorbell_id"][i]])))
+                ann.append(("producer_index", int(ops["doorbell_pi"][i])))
             if ops["latency_ns"][i] != NULL_SENTINEL:     # known: the op's own completion was recorded
                 ann.append(("latency_ns", int(ops["latency_ns"][i])))
             oid = int(drawn[i])
@@ -436,7 +361,9 @@ def _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats):
     return coll_flow
 
 
-def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET):
+def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, window: "Window | None" = None):
+    """The Perfetto trace of ``corr`` into ``path``; returns its statistics.  ``window``: what it draws
+    (``export.window``; default: computed from ``corr``'s tables here)."""
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
 
     T = corr.tables
@@ -510,29 +437,11 @@ def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET):
     # One time window for everything drawn: the max_events earliest events across host calls, doorbells and
     # operations (ties at the cut included), so that the timeline is the whole system's first part of the run,
     # not the first processes' or the first category's events; the tables hold every event.
-    D = T["doorbells"]
-    ops_t = T["ops"]
-    n_ops = ops_t.n_rows if hasattr(ops_t, "rows") else len(ops_t["op_id"])
-    ev_t, n_host = host_events(corr, max_events)
-    tr = corr.stats.get("time_range_ns") if hasattr(corr, "stats") else None
-    scan = _scan_ops(ops_t, n_ops, len(G["gpu"]), len(labels), len(Q["qp_id"]), max(0, max_events), bins,
-                     tuple(tr) if tr else None)
-    cand_ns, cand_row = scan.pop("candidates")
-    every_ns = np.concatenate([np.asarray(ev_t["ns"], np.int64), np.asarray(D["ns"], np.int64), cand_ns])
-    cut = None
-    if n_host + len(D["ns"]) + n_ops > max_events:
-        stats["truncated"] = True
-        cut = int(np.partition(every_ns, max_events - 1)[max_events - 1]) if 0 < max_events <= len(every_ns) else \
-            (int(every_ns.max()) if len(every_ns) and max_events > 0 else None)
+    win = window if window is not None else perfetto_window(corr, max_events, bins)
+    ev_t, n_ops, scan, cut = win.ev_t, win.n_ops, win.scan, win.cut
+    stats["truncated"] = win.truncated
+    if win.truncated:
         stats["window_end_ns"] = cut
-    del every_ns
-
-    def window(ns):
-        """Indices of the rows inside the drawn window."""
-        ns = np.asarray(ns)
-        if cut is None:
-            return np.arange(len(ns)) if max_events > 0 or not stats["truncated"] else np.zeros(0, np.int64)
-        return np.flatnonzero(ns <= cut)
 
     # The drawn events are emitted in chunks of _CHUNK (host slices, doorbells, operations), each chunk on its
     # own packet sequence into its own buffer, by forked workers when the report has several: the chunks are
@@ -547,15 +456,12 @@ def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET):
         same = np.append(key[1:] == key[:-1], False)
         dur = np.where(same, np.minimum(nxt - ev_t["ns"], 1000), 1000)
         dur = np.maximum(dur, 1)
-        hs = window(ev_t["ns"])
+        hs = in_window(ev_t["ns"], cut, win.truncated, max_events)
         names = np.array([E.name_of(t) for t in range(E.TYPE_RANGE)], dtype=object)
-    dbs = window(D["ns"])
-    # operations on QP tracks, flows to the peer QP: the window's ops are among the scan's candidates
-    if stats["truncated"]:
-        drawn = np.sort(cand_row[cand_ns <= cut]) if cut is not None else np.zeros(0, np.int64)
-    else:
-        drawn = np.arange(n_ops)
-    ops = _ops_cols(ops_t, drawn, ops_t.columns if hasattr(ops_t, "columns") else tuple(ops_t))
+    D = win.doorbells
+    dbs = np.arange(len(D["ns"]))
+    # operations on QP tracks, flows to the peer QP
+    drawn, ops = win.drawn, win.ops
     coll_flow = _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats)
     jobs = [(kind, lo, min(lo + _CHUNK, n)) for kind, n in (("host", len(hs)), ("doorbells", len(dbs)),
                                                             ("ops", len(drawn))) for lo in range(0, n, _CHUNK)]

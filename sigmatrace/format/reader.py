@@ -364,6 +364,34 @@ def repeated_from(path, data=None):
     return first, count, sorted(uids), only_repeats
 
 
+def process_spans(path, data=None, stop=None):
+    """Byte ranges [start, end) of the processes of one file, in file order, when each process's chunks are
+    contiguous (per-process files concatenated: contract 1) and every chunk header before ``stop`` (default:
+    the end) looks sound; else None (the file is then read as one range).  Walks the chunk headers only (no
+    CRC): a damaged chunk inside a range is ``iter_chunks``' to recover, up to the range's end."""
+    buf = data if data is not None else _map(str(path))
+    n = len(buf) if stop is None else min(len(buf), int(stop))
+    spans, seen, cur, start, off = [], set(), None, 0, 0
+    while off < n:
+        if off + L.CHUNK_HEADER_SIZE > n:
+            return None
+        magic, version, kind, uid, thread, plen, cnt, crc = _HEADER.unpack_from(buf, off)
+        end = off + L.CHUNK_HEADER_SIZE + plen
+        if magic != L.MAGIC or version != L.VERSION or plen > L.MAX_PAYLOAD or plen % 8 or end > n:
+            return None
+        if uid != cur:
+            if uid in seen:
+                return None
+            if cur is not None:
+                spans.append((start, off))
+            seen.add(uid)
+            cur, start = uid, off
+        off = end
+    if cur is not None:
+        spans.append((start, n))
+    return spans
+
+
 def repeat_warning(path, found):
     off, count, uids, dropped = found
     return (f"{path}: {count} chunk(s) of process(es) {', '.join(f'{u:#x}' for u in uids[:4])}"

@@ -38,7 +38,7 @@ def default_output(capture) -> Path:
 
 
 def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=False, clock_refine="auto",
-                 max_perfetto_events=500_000, batch_records=None):
+                 max_perfetto_events=500_000, batch_records=None, cluster=None):
     """Correlate ``capture`` and write the report into ``out``; returns (Correlated, summary, timings).
 
     ``out`` holds one report: it is written beside it and then put in place whole, replacing an earlier
@@ -46,7 +46,9 @@ def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=
     a failed report leaves nothing behind.  ``batch_records``: records decoded / written at a time (bounded
     memory; default ``decode.DEFAULT_BATCH_RECORDS``).  The events table is streamed from the capture into
     ``tables/events/part-*.parquet`` by the worker processes (one row group per batch) and never held whole
-    in memory; the per-operation tables are written in row ranges."""
+    in memory; the per-operation tables are written in row ranges.  ``cluster``: correlate and write the
+    tables on a Dask cluster (a scheduler address or file, ``local:N``, or a ``distributed.Client``;
+    sigmatrace.cluster) -- the same report."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SigmatraceError(f"{out} exists and is not a directory")
@@ -57,7 +59,7 @@ def build_report(capture, out, workers=None, perfetto=True, figures=True, quiet=
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
         result = _write_report(files, capture, tmp, workers, perfetto, figures, quiet, clock_refine,
-                               max_perfetto_events, batch_records)
+                               max_perfetto_events, batch_records, cluster)
         _put_in_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -81,31 +83,38 @@ def _put_in_place(tmp: Path, out: Path):
 
 
 def _write_report(files, capture, out, workers, perfetto, figures, quiet, clock_refine, max_perfetto_events,
-                  batch_records):
+                  batch_records, cluster=None):
     with Progress(quiet) as prog:
-        return _write_report_stages(files, capture, out, workers, perfetto, figures, clock_refine,
-                                    max_perfetto_events, batch_records, prog)
+        return _write_report_stages(files, capture, out, workers, perfetto, figures, quiet, clock_refine,
+                                    max_perfetto_events, batch_records, prog, cluster)
 
 
-def _write_report_stages(files, capture, out, workers, perfetto, figures, clock_refine, max_perfetto_events,
-                         batch_records, prog):
+def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet, clock_refine, max_perfetto_events,
+                         batch_records, prog, cluster=None):
     """The report's stages, each shown by ``prog`` with its total: decode (files), correlate (steps), tables,
-    perfetto (events drawn), figures."""
+    perfetto (events drawn), figures.  ``cluster``: correlate and write the tables on Dask."""
     timings = {}
+    window = None
     t = time.perf_counter()
-    kw = {"batch_records": batch_records} if batch_records else {}
-    corr = correlate(capture, workers=workers, clock_refine=clock_refine, progress=prog, **kw)
-    timings["correlate_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    prog("tables", 0, total=sum(1 for n in TABLES if n in corr.tables), unit="table")
-    write_tables(corr, out / "tables", progress=lambda name: prog("tables", 1),
-                 collect_host=max_perfetto_events if perfetto else None)
-    prog.close()
-    timings["tables_s"] = time.perf_counter() - t
+    if cluster is not None:
+        corr, window = _on_cluster(cluster, files, out, prog, quiet, timings, workers=workers,
+                                   clock_refine=clock_refine, perfetto=perfetto,
+                                   max_perfetto_events=max_perfetto_events, batch_records=batch_records)
+    else:
+        kw = {"batch_records": batch_records} if batch_records else {}
+        corr = correlate(capture, workers=workers, clock_refine=clock_refine, progress=prog, **kw)
+        timings["correlate_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        prog("tables", 0, total=sum(1 for n in TABLES if n in corr.tables), unit="table")
+        write_tables(corr, out / "tables", progress=lambda name: prog("tables", 1),
+                     collect_host=max_perfetto_events if perfetto else None)
+        prog.close()
+        timings["tables_s"] = time.perf_counter() - t
     pstats = None
     if perfetto:
         t = time.perf_counter()
-        pstats = write_perfetto(corr, out / "trace.pftrace", max_events=max_perfetto_events, progress=prog)
+        pstats = write_perfetto(corr, out / "trace.pftrace", max_events=max_perfetto_events, progress=prog,
+                                window=window)
         prog.close()
         timings["perfetto_s"] = time.perf_counter() - t
         if pstats.get("truncated") and pstats.get("window_end_ns") is None:
@@ -131,6 +140,28 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, clock_
         prog.close()
         timings["figures_s"] = time.perf_counter() - t
     return corr, summary, timings
+
+
+def _on_cluster(cluster, files, out, prog, quiet, timings, **kw):
+    """Correlate and write the tables on Dask (sigmatrace.cluster); (Correlated, Perfetto window)."""
+    from .. import cluster as C
+    client, close = (cluster, None) if hasattr(cluster, "submit") else C.connect(cluster)
+    try:
+        link = C.dashboard_link(client)
+        if link and not quiet:
+            print(f"sigmatrace: Dask dashboard {link}", file=sys.stderr, flush=True)
+        t = time.perf_counter()
+        stages = {}
+        try:
+            got = C.correlate_and_write(client, files, out, progress=prog, stage_s=stages, **kw)
+        finally:
+            prog.close()
+        timings["correlate_and_tables_s"] = time.perf_counter() - t
+        timings["cluster_stages_s"] = stages
+        return got
+    finally:
+        if close is not None:
+            close()
 
 
 FIGURE_KINDS = 7   # node, rank, GPU matrices; GPU, node bandwidth; barriers; latency

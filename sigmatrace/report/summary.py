@@ -38,11 +38,16 @@ def _rows(con, sql):
 
 
 def build_summary(corr, con=None, perfetto_stats=None):
+    """summary.json of a report: ``corr``'s small tables, clocks, warnings and statistics; ``con``: the query
+    engine over its tables (default: over ``corr``)."""
     con = con or connect(corr)
     T = corr.tables
-    ops_t = T["ops"]
-    n_ops = ops_t.n_rows if hasattr(ops_t, "rows") else len(ops_t["op_id"])
-    ops = ops_t.rows(None, ("matched", "bytes", "opcode")) if hasattr(ops_t, "rows") else ops_t
+    # the per-record tables through the query engine (they need not be in this process: the cluster report)
+    n_ops, n_matched, n_bytes = con.execute("SELECT count(*), coalesce(sum(matched::INTEGER), 0), "
+                                            "coalesce(sum(bytes), 0) FROM ops").fetchone()
+    n_db, db_done, db_coalesced, db_lost = con.execute(
+        "SELECT count(*), coalesce(sum(complete::INTEGER), 0), coalesce(sum((wqes > 1)::INTEGER), 0), "
+        "coalesce(sum(lost_wqebbs), 0) FROM doorbells").fetchone()
     n_events = int(corr.stats.get("events", 0))
     tr = corr.stats.get("time_range_ns")
     P = T["processes"]
@@ -55,15 +60,15 @@ def build_summary(corr, con=None, perfetto_stats=None):
         "time_range_ns": [int(tr[0]), int(tr[1])] if n_events and tr else None,
         "duration_s": float((tr[1] - tr[0]) / 1e9) if n_events and tr else 0.0,
         "operations": int(n_ops),
-        "operations_matched": int(ops["matched"].sum()) if n_ops else 0,
+        "operations_matched": int(n_matched),
         "unmatched": corr.stats.get("unmatched", {}),   # per library: operations, unmatched, reasons
-        "bytes_total": int(ops["bytes"].sum()) if n_ops else 0,
-        "by_opcode": _by_opcode(ops["opcode"]) if n_ops else {},
+        "bytes_total": int(n_bytes),
+        "by_opcode": _by_opcode(con.execute("SELECT opcode & 255, count(*) FROM ops GROUP BY 1").fetchall()),
         "doorbells": {
-            "total": int(len(T["doorbells"]["doorbell_id"])),
-            "recovered": int(T["doorbells"]["complete"].sum()),
-            "coalesced": int((T["doorbells"]["wqes"] > 1).sum()),
-            "wqes": int(len(T["wqes"]["wqe_id"])),
+            "total": int(n_db),
+            "recovered": int(db_done),
+            "coalesced": int(db_coalesced),
+            "wqes": int(con.execute("SELECT count(*) FROM wqes").fetchone()[0]),
         },
         "per_qp": _rows(con, "SELECT * FROM (" + run_named_sql("qp_bandwidth") + ") WHERE ops > 0"),
         "per_gpu": _rows(con, run_named_sql("gpu_volume")),
@@ -93,7 +98,7 @@ def build_summary(corr, con=None, perfetto_stats=None):
     s["losses"] = {
         "dropped_events": int(P["dropped_events"].sum()),
         "lost_bytes": int(L["bytes"][L["kind"] == "file"].sum()) if len(L["kind"]) else 0,
-        "wqe_lost_wqebbs": int(T["doorbells"]["lost_wqebbs"].sum()),
+        "wqe_lost_wqebbs": int(db_lost),
         "incomplete_processes": [int(i) for i in np.flatnonzero(~P["complete"])],
         "items": _rows(con, "SELECT kind, process, path, bytes, count, detail FROM losses"),
     }
@@ -186,11 +191,11 @@ def _most_often_last(stragglers):
             "total_spread_ns": int(sum(r["total_spread_ns"] for r in tied))}
 
 
-def _by_opcode(codes):
-    u, c = np.unique(np.asarray(codes, np.int64) & 0xFF, return_counts=True)
+def _by_opcode(counts):
+    """{opcode name: operations} from (mlx5 opcode, count) rows."""
     cnt = {}
-    for k, v in zip(u.tolist(), c.tolist()):
-        cnt[OPCODE_VOCAB[k]] = cnt.get(OPCODE_VOCAB[k], 0) + int(v)
+    for k, v in counts:
+        cnt[OPCODE_VOCAB[int(k)]] = cnt.get(OPCODE_VOCAB[int(k)], 0) + int(v)
     return {k: cnt[k] for k in sorted(cnt)}
 
 

@@ -419,6 +419,29 @@ def write_tables(corr, out_dir, names=TABLES, progress=None, collect_host=None, 
     return {k: written[k] for k in names if k in written}
 
 
+def join_parts(parts, dest):
+    """One table file ``dest`` from part files of the same table in row order (row group by row group, so no
+    more than one is in memory): the cluster report's single-file tables.  Empty parts are skipped (their
+    string columns are not dictionary-typed); all empty: the first is the table."""
+    import pyarrow.parquet as pq
+    full = [p for p in parts if pq.ParquetFile(p).metadata.num_rows]
+    if not full:
+        shutil.copyfile(parts[0], dest)
+        return
+    writer = None
+    try:
+        for p in full:
+            f = pq.ParquetFile(p)
+            for i in range(f.num_row_groups):
+                t = f.read_row_group(i)
+                if writer is None:
+                    writer = pq.ParquetWriter(dest, t.schema, **_opts(t.schema))
+                writer.write_table(t, row_group_size=max(t.num_rows, 1))
+    finally:
+        if writer is not None:
+            writer.close()
+
+
 def _run_job(kind, task):
     """One part file: an events part (returns its row count and host events) or rows [lo, hi) of a
     per-operation table."""

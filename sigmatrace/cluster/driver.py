@@ -1,0 +1,454 @@
+"""The cluster report's driver: the rounds of per-part tasks (``shard``) on Dask, and the global stages
+between them on compact columns, in the local correlator's order (``correlate.pipeline``), so that every
+table, warning and statistic is the local report's.
+
+  plan, decode      per file, per part                 -> metadata, small record types, TSC bounds
+  identities, clocks (first pass), QP topology, library peers, NCCL communicators and calls   (driver)
+  local             per part                           -> counts per op part, QP GPUs, unmatched, units
+  QP GPUs, offsets of every part's rows, unmatched warnings, NCCL units, alternation candidates  (driver)
+  match             per part (its receive completions) <- every part's sends to it
+  pairs             per part, per QP pair across parts -> causal pairs' clock statistics
+  refine            (driver; its second pass runs ``window_stats`` per part)
+  write             per part                           -> table parts, barrier candidates, counters, earliest
+  barriers, losses, aggregates, small tables, the joined doorbells / wqes, the Perfetto window    (driver)
+  window_rows       per part                           -> the rows the trace draws
+
+Data moves between tasks through the scratch directory (shared filesystem, ``store``) or as small results;
+nothing per event reaches this process.  ``stage_s`` gets the time of every global stage (benchmarks).
+"""
+from __future__ import annotations
+
+import operator
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from ..correlate import clock, collectives, derived, hostlib, identity, ops
+from ..correlate.doorbells import doorbell_warnings
+from ..correlate.pipeline import time_range
+from ..correlate.refine import alternation_candidates, merge_stats, refine
+from ..correlate.result import Correlated
+from ..correlate.topology import Topology
+from ..decode import EventStore, FileDecode, finish_warnings
+from ..errors import SigmatraceError, TraceFormatError
+from ..export.window import Window, scan_grid, scan_result, top_qps, window_cut
+from ..schema import PART_TABLES, TABLE_NAMES
+from ..tables import parquet as PQ
+from ..tables.host_events import HostCollector
+from . import shard
+
+FAN_IN = 16                  # parts merged per task in the reduction of the Perfetto candidates
+
+
+class Rounds:
+    """Submit one task per argument tuple, follow them (progress), return their results in order; the first
+    failure cancels the rest and is raised here as the task raised it."""
+
+    def __init__(self, client, progress):
+        self.client, self.progress = client, progress or (lambda stage, n=0: None)
+        self.token = uuid.uuid4().hex[:8]
+
+    def submit(self, stage, fn, argsets):
+        return [self.client.submit(fn, *a, key=f"sigmatrace-{stage}-{self.token}-{i}", pure=False)
+                for i, a in enumerate(argsets)]
+
+    def map(self, stage, fn, argsets, tick=None):
+        return self.wait(stage, self.submit(stage, fn, argsets), tick)
+
+    def wait(self, stage, futs, tick=None):
+        from distributed import as_completed
+        index = {f.key: i for i, f in enumerate(futs)}
+        self.progress(stage, 0)
+        try:
+            for f in as_completed(futs):
+                if f.status != "finished":
+                    f.result()                      # raises the task's exception
+                if tick is None:
+                    self.progress(stage, 1)
+                else:
+                    tick(index[f.key])
+            return self.client.gather(futs)
+        except BaseException:
+            self.client.cancel(futs)
+            raise
+
+    def broadcast(self, obj):
+        """``obj`` on every worker, once (a list of one: Dask would scatter a dict's values one by one)."""
+        return self.client.scatter([obj], broadcast=True, hash=False)[0]
+
+
+class _Timer:
+    def __init__(self, into):
+        self.into, self.t = into, time.perf_counter()
+
+    def __call__(self, name):
+        now = time.perf_counter()
+        self.into[name] = self.into.get(name, 0.0) + now - self.t
+        self.t = now
+
+
+def correlate_and_write(client, files, out_dir, progress=None, workers=None, clock_refine="auto", perfetto=True,
+                        max_perfetto_events=500_000, batch_records=None, refine_windows=16, bins=400,
+                        stage_s=None):
+    """Correlate the capture ``files`` on the Dask cluster of ``client`` and write every table under
+    ``out_dir/tables``; returns (``Correlated`` with the small tables, the Perfetto ``Window`` or None)."""
+    from ..decode import DEFAULT_BATCH_RECORDS
+    out_dir = Path(out_dir).resolve()
+    scratch = Path(tempfile.mkdtemp(prefix=".sigmatrace-cluster-", dir=out_dir.parent))
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
+    try:
+        return _report(Rounds(client, progress), files, out_dir, scratch, workers, clock_refine, perfetto,
+                       max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
+                       stage_s if stage_s is not None else {})
+    except (KilledWorker, FutureCancelledError) as e:
+        raise SigmatraceError(f"the Dask cluster lost the report: {type(e).__name__}: {e}") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batch_records, refine_windows, bins,
+            stage_s):
+    T0 = _Timer(stage_s)
+    files = [str(f) for f in files]
+    absf = [str(Path(f).resolve()) for f in files]
+    planned = R.map("plan", shard.plan_file, list(zip(files, absf)))
+    T0("plan_tasks")
+    parts, part_file = [], []
+    for fi, (_, spans) in enumerate(planned):
+        for a, b in spans:
+            parts.append(shard.Part(len(parts), files[fi], absf[fi], a, b, str(scratch)))
+            part_file.append(fi)
+    left = {fi: part_file.count(fi) for fi in set(part_file)}
+
+    def tick(k):
+        left[part_file[k]] -= 1
+        if not left[part_file[k]]:
+            R.progress("decode", 1)
+    metas = R.map("decode", shard.decode, [(p, batch_records) for p in parts], tick=tick)
+    T0("decode_tasks")
+    out = Correlated()
+    out.batch_records, out.workers, out.files = int(batch_records), max(1, int(workers or 1)), files
+    procs, where, bounds, keys = _processes(out, files, planned, parts, part_file, metas)
+    n = len(procs)
+    st = EventStore(procs)
+    out.stats["events"] = int(sum(p.n_events for p in procs))
+    out.stats["processes"] = n
+    # ---- identities, first-pass clocks, QP topology, library peers, NCCL calls --------------------------
+    tables = out.tables
+    nodes = identity.processes_and_nodes(out, st, procs)
+    node_of, ranks, labels = nodes.node_of, nodes.ranks, nodes.labels
+    clocks = clock.fit_nodes(out, procs, nodes)
+    out.clock = clocks
+    pollers = identity.threads(out, st, procs, node_of)
+    gpus = identity.Gpus(procs, nodes)
+    gpus.register(pollers)
+    nics = identity.Nics(procs, node_of)
+    topo = Topology(out, st, procs, nics, keys)
+    peers = hostlib.Peers({t: st.table(t) for t in hostlib.ID_TYPES}, procs)
+    out._peers = peers
+    coll = collectives.Collectives(out, st, procs, topo, tables["threads"])
+    active = sorted({k for k, _ in where})
+    part_of_process = np.array([k for k, _ in where], np.int64)
+    first = {k: int(np.flatnonzero(part_of_process == k)[0]) for k in active}
+    ctx = dict(topo=topo, pollers=pollers, gpus=_detached(gpus, "procs"), peers=peers, node_of=node_of, ranks=ranks,
+               coll=_detached(coll, "procs", "warnings") if coll.comms else None, clocks=clocks,
+               part_of_process=part_of_process)
+    T0("identity_topology")
+    ctx_f = R.broadcast(ctx)
+    loc = R.map("correlate", shard.local, [(parts[k], ctx_f, [i for kk, i in where if kk == k], first[k])
+                                           for k in active])
+    T0("local_tasks")
+    loc = dict(zip(active, loc))
+    # ---- QP GPUs, row offsets, unmatched operations, NCCL units -----------------------------------------
+    qp_gpu = np.full(topo.n, -1, np.int64)
+    for k in active:
+        r = loc[k]
+        qlo, qhi = r["qp_range"]
+        for i, v in zip(range(qlo, qhi), r["log_sq"]):
+            topo.row_at(i)["log_sq_size"] = v
+        qp_gpu[qlo:qhi] = r["qp_gpu"]
+        for p_, o_ in r["gpu_uses"]:
+            gpus.id(p_, o_)
+    out.warnings.extend(doorbell_warnings(sum(loc[k]["missing_wqe_side"] for k in active),
+                                          sum(loc[k]["bad_wqes"] for k in active)))
+    link = {}
+    for k in active:
+        for lib, v in loc[k]["peers_total"].items():
+            peers.total[lib] = peers.total.get(lib, 0) + v
+        for lib, rs in loc[k]["peers_unmatched"].items():
+            d = peers.unmatched.setdefault(lib, {})
+            for why, c in rs.items():
+                d[why] = d.get(why, 0) + c
+        for key, v in loc[k]["ucp_link"].items():
+            link[key] = link.get(key, 0) + v
+    out.stats["ucp_wqe_link"] = link
+    ops.explain_unmatched(out, ops.merge_unmatched([loc[k]["unmatched"] for k in active]), peers)
+    coll.merge_units([loc[k]["unit_stats"] for k in active])
+    g = _offsets(active, loc)
+    T0("offsets_units")
+    # ---- send -> receive, then the causal pairs ---------------------------------------------------------
+    sources = {t: [(k, *loc[k]["send_index"][t], g[k]["op_local"], g[k]["op_global"]) for k in active
+                   if t in loc[k]["send_index"]] for t in active}
+    matched = R.map("match", shard.match, [(parts[t], None, sources[t], g[t]["completion"]) for t in active])
+    T0("match_tasks")
+    back = dict(zip(active, matched))
+    targets = {s: [(t, *back[t][s]) for t in active if s in back[t]] for s in active}
+    qp_ops = np.zeros(topo.n, np.int64)
+    for k in active:
+        qlo, qhi = loc[k]["qp_range"]
+        qp_ops[qlo:qhi] = loc[k]["qp_ops"]
+    part_of_qp = part_of_process[topo.process] if topo.n else np.zeros(0, np.int64)
+    groups = {}
+    for qa, qb in alternation_candidates(qp_ops, node_of[topo.process] if topo.n else qp_ops, topo.remote):
+        groups.setdefault((int(part_of_qp[qa]), int(part_of_qp[qb])), []).append(
+            (qa, int(part_of_qp[qa]), qb, int(part_of_qp[qb])))
+    alt_dirs = [len(parts) + i for i in range(len(groups))]
+    futs = R.submit("pairs", shard.pairs, [(parts[s], ctx_f, targets[s]) for s in active])
+    futs += R.submit("alternation", shard.alternation, [(str(scratch), d, ctx_f, c)
+                                                         for d, c in zip(alt_dirs, groups.values())])
+    got = R.wait("pairs", futs)
+    pair_dirs = [parts[s].dir for s in active] + [shard.store.part_dir(scratch, d) for d in alt_dirs]
+    T0("pair_tasks")
+    # ---- clock refinement (F24b) ------------------------------------------------------------------------
+    R.progress("clock", 0)
+    src = _ClusterPairs(R, pair_dirs, got, stage_s)
+    out.clock_info = refine(clocks, src, clock_refine, windows=refine_windows)
+    clock.refined_warnings(out, clocks, labels)
+    T0("refine")
+    # ---- tables on the final time base ------------------------------------------------------------------
+    to_ns = clock.TimeBase(clocks, node_of)
+    tables["qps"] = topo.table(node_of, ranks, qp_gpu)
+    tables["qps"]["comm"] = coll.qp_comm[:topo.n].astype(np.int64)
+    tables["qps"]["comm_rule"] = coll.qp_rule
+    tables["collectives"], tables["communicators"] = coll.tables(to_ns, node_of, ranks)
+    tables["nics"] = nics.table()
+    tables["gpus"] = gpus.table()
+    tables["nodes"] = dict(node=np.arange(len(labels), dtype=np.int64), label=np.array(labels, dtype=object),
+                           processes=np.bincount(node_of, minlength=len(labels)).astype(np.int64))
+    out.procs, out.proc_node, out._to_ns = procs, node_of, to_ns
+    out.stats["time_range_ns"] = time_range(bounds, to_ns)
+    tables["clock"] = clock.clock_table(clocks, labels)
+    tdir = out_dir / "tables"
+    tdir.mkdir(parents=True, exist_ok=True)
+    files_of = _part_files(tdir, active, loc, g, {k: any(_has_events(where, bounds, k)) for k in active})
+    tr = out.stats["time_range_ns"]
+    ctx5 = dict(ctx, clocks=clocks, qp_gpu=qp_gpu, coll=_detached(coll, "procs", "warnings") if coll.comms else None,
+                max_events=int(K), perfetto=bool(perfetto), batch_records=int(batch_records),
+                grid=scan_grid(tuple(tr) if tr else (0, 0), bins), n_gpu=len(tables["gpus"]["gpu"]),
+                n_node=len(labels), n_qp=topo.n)
+    T0("final_tables")
+    ctx5_f = R.broadcast(ctx5)
+    wf = R.submit("tables", shard.write, [(parts[k], ctx5_f, g[k], files_of[k]) for k in active])
+    res_f = [R.client.submit(operator.getitem, f, 0, key=f"{f.key}-result") for f in wf]
+    topk_f = [R.client.submit(operator.getitem, f, 1, key=f"{f.key}-earliest") for f in wf]
+    written = R.wait("tables", res_f)
+    T0("write_tasks")
+    # ---- barriers, losses, aggregates, the small tables, doorbells / wqes -------------------------------
+    cand = {c: np.concatenate([w["barriers"][c] for w in written]) for c in written[0]["barriers"]}
+    o = np.argsort(cand["op_id"], kind="stable")
+    derived.build_barriers(out, {c: v[o] for c, v in cand.items()})
+    derived.build_losses(out, procs, (np.concatenate([loc[k]["lost_wqebbs"] for k in active]),
+                                      np.concatenate([loc[k]["incomplete"] for k in active])))
+    derived.build_aggregates(out, procs, topo.of, topo.remote, topo.process, qp_gpu, node_of, ranks)
+    PQ.write_tables(out, tdir, names=[t for t in TABLE_NAMES if t not in PART_TABLES + ("doorbells", "wqes")])
+    for name in ("doorbells", "wqes"):
+        PQ.join_parts([parts[k].dir / f"{name}.parquet" for k in active], tdir / f"{name}.parquet")
+    T0("small_tables")
+    win = None
+    if perfetto:
+        win = _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables)
+        T0("perfetto_window")
+    else:
+        R.client.cancel(topk_f)
+    return out, win
+
+
+def _detached(obj, *attrs):
+    """A shallow copy of ``obj`` without the attributes the workers must not receive (every process's
+    metadata) -- they are not read by the per-part stages."""
+    import copy
+    c = copy.copy(obj)
+    for a in attrs:
+        setattr(c, a, None)
+    return c
+
+
+def _processes(out, files, planned, parts, part_file, metas):
+    """The capture's processes in the local correlator's order, with its warnings and losses (duplicated
+    process uids dropped): (metadata, (part, index in the part) of each, TSC bounds, implicit-QP records)."""
+    for w, _ in planned:
+        out.warnings.extend(w)
+    procs, where, bounds, seen = [], [], [], {}
+    qp_keys = {n: ([], []) for n in shard.QP_NAMING}
+    for fi, path in enumerate(files):
+        ks = [k for k, f in enumerate(part_file) if f == fi]
+        fd = FileDecode(path)
+        for k in ks:
+            err, warns, losses, meta = metas[k]
+            if err and fd.error is None:
+                fd.error = err
+            fd.warnings.extend(warns)
+            fd.losses.extend(losses)
+            fd.processes.extend((k, i, m) for i, m in enumerate(meta))
+        items = fd.processes
+        fd.processes = [m[0] for _, _, m in items]
+        finish_warnings(fd)
+        if fd.error:
+            out.warnings.append(f"{fd.error}; file skipped")
+        out.warnings.extend(fd.warnings)
+        out.losses.extend(fd.losses)
+        for k, i, (p, b, qk) in items:
+            if p.uid in seen:
+                out.warnings.append(f"{p.path}: process uid {p.uid:#x} duplicates the one in {seen[p.uid]}; ignored")
+                continue
+            seen[p.uid] = p.path
+            gi = len(procs)
+            procs.append(p)
+            where.append((k, i))
+            if b is not None:
+                bounds.append((gi, b[0], b[1]))
+            for name, q in qk.items():
+                qp_keys[name][0].append(np.full(len(q), gi, np.int64))
+                qp_keys[name][1].append(q)
+    for path, off, nb, why in out.losses:
+        out.warnings.append(f"{path}: lost {nb} bytes at offset {off}: {why}")
+    if not procs:
+        raise TraceFormatError("no process data could be read from the capture", files[0] if files else None)
+    keys = []
+    for name in shard.QP_NAMING:
+        pr, q = qp_keys[name]
+        pr = np.concatenate(pr) if pr else np.zeros(0, np.int64)
+        keys.append(dict(tsc=np.zeros(len(pr), np.uint64), process=pr,
+                         qpn=np.concatenate(q) if q else np.zeros(0, np.int64)))
+    return procs, where, bounds, keys
+
+
+def _has_events(where, bounds, k):
+    with_events = {gi for gi, _, _ in bounds}
+    return [gi in with_events for gi, (kk, _) in enumerate(where) if kk == k]
+
+
+def _offsets(active, loc):
+    """Per part: where its rows go in the global tables (op parts, matched ops = flows, completions,
+    doorbells, WQEs)."""
+    op = np.array([loc[k]["op_parts"] for k in active], np.int64).reshape(len(active), -1)
+    fl = np.array([loc[k]["op_matched"] for k in active], np.int64).reshape(len(active), -1)
+    g = {}
+    bases = {}
+    for name, m in (("op", op), ("flow", fl)):
+        tot = m.sum(0)
+        part_base = np.concatenate([[0], np.cumsum(tot)[:-1]])
+        before = np.cumsum(m, 0) - m               # rows of earlier parts, per op part
+        bases[name] = (part_base[None, :] + before, np.cumsum(m, 1) - m)
+    for name in ("completion", "doorbell", "wqe"):
+        v = np.array([loc[k][{"completion": "n_wc", "doorbell": "n_doorbells", "wqe": "n_wqes"}[name]]
+                      for k in active], np.int64)
+        bases[name] = np.cumsum(v) - v
+    for s, k in enumerate(active):
+        g[k] = dict(op_global=bases["op"][0][s], op_local=bases["op"][1][s], flow_global=bases["flow"][0][s],
+                    flow_local=bases["flow"][1][s], completion=int(bases["completion"][s]),
+                    doorbell=int(bases["doorbell"][s]), wqe=int(bases["wqe"][s]), qp_range=loc[k]["qp_range"],
+                    op_counts=op[s], flow_counts=fl[s])
+    return g
+
+
+def _part_files(tdir, active, loc, g, has_events):
+    """The part files each part writes: ops and flows per op part (op part order, then part order, as the
+    rows' global order), completions and events per part; one empty part when a table has no rows."""
+    segs = {name: [] for name in PART_TABLES}
+    nparts = len(g[active[0]]["op_counts"])
+    for j in range(nparts):
+        for k in active:
+            lo = int(g[k]["op_local"][j])
+            hi = lo + int(g[k]["op_counts"][j])
+            if hi > lo:
+                segs["ops"].append((k, lo, hi))
+                if g[k]["flow_counts"][j]:
+                    segs["flows"].append((k, lo, hi))
+    for k in active:
+        if loc[k]["n_wc"]:
+            segs["completions"].append((k, 0, loc[k]["n_wc"]))
+        if has_events[k]:
+            segs["events"].append((k, 0, 0))
+    files = {k: {} for k in active}
+    for name, lst in segs.items():
+        d = PQ._fresh_dir(tdir / name)
+        if not lst:
+            lst = [(active[0], 0, 0)]
+        width = max(5, len(str(len(lst) - 1)))
+        for i, (k, lo, hi) in enumerate(lst):
+            path = str(d / f"part-{i:0{width}d}.parquet")
+            files[k].setdefault(name, []).append(path if name == "events" else (path, lo, hi))
+    return files
+
+
+class _ClusterPairs:
+    """``refine``'s pair source: first-pass statistics from the ``pairs`` tasks, the second pass by
+    ``window_stats`` tasks over the pair files."""
+
+    def __init__(self, R, dirs, got, stage_s):
+        self.R, self.dirs, self.stage_s = R, dirs, stage_s
+        self.count = sum(c for c, _ in got)
+        self.first = merge_stats(s for _, s in got)
+
+    def stats(self, plan=None):
+        if plan is None:
+            return self.first
+        t = time.perf_counter()
+        res = merge_stats(self.R.map("clock", shard.window_stats, [(str(d), plan) for d in self.dirs]))
+        self.stage_s["refine_window_tasks"] = time.perf_counter() - t
+        return res
+
+
+def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables):
+    """The Perfetto ``Window`` from the parts: the earliest of each kind reduced in a tree of tasks, the cut,
+    then every part's drawn rows; the counters summed."""
+    level = topk_f
+    while len(level) > 1:
+        level = [R.client.submit(shard.merge_earliest, K, *level[i:i + FAN_IN], pure=False)
+                 for i in range(0, len(level), FAN_IN)]
+    host_k, db_k, op_k = R.wait("perfetto", level)[0]
+    n_host = sum(w["n_host"] for w in written)
+    n_db = sum(loc[k]["n_doorbells"] for k in active)
+    n_ops = int(sum(g[k]["op_counts"].sum() for k in active))
+    cut, truncated = window_cut(K, n_host + n_db + n_ops, [host_k, db_k, op_k])
+    host_cut = int(host_k[K - 1]) if K > 0 and n_host > K else None
+    grid = ctx5["grid"]
+    nb = grid[2]
+    gpu, node = np.zeros(ctx5["n_gpu"] * nb), np.zeros(ctx5["n_node"] * nb)
+    qtot = np.zeros(ctx5["n_qp"])
+    for k, w in zip(active, written):
+        for into, (rows, vals) in ((gpu, w["gpu"]), (node, w["node"])):
+            into.reshape(-1, nb)[rows] += vals
+        qlo, qhi = g[k]["qp_range"]
+        qtot[qlo:qhi] = w["qtot"]
+    top = top_qps(qtot)
+    rows = R.map("perfetto", shard.window_rows,
+                 [(parts[k], ctx5_f, g[k], cut, truncated, host_cut,
+                   [q for q in top if g[k]["qp_range"][0] <= q < g[k]["qp_range"][1]]) for k in active])
+    hc = HostCollector(K)
+    ev_t = [h for h, *_ in rows if h is not None and len(h["ns"])]
+    ev_t = {c: np.concatenate([h[c] for h in ev_t]) for c in ev_t[0]} if ev_t else hc.result()[0]
+    dbs = [d for _, d, *_ in rows]
+    D = {c: np.concatenate([d[c] for d in dbs]) for c in dbs[0]}
+    drawn_parts = [(c, d) for _, _, c, d, _ in rows if c is not None]
+    if drawn_parts:
+        cols = {c: np.concatenate([p[c] for p, _ in drawn_parts]) for c in drawn_parts[0][0]}
+        drawn = np.concatenate([d for _, d in drawn_parts])
+        o = np.argsort(drawn, kind="stable")
+        cols, drawn = {c: v[o] for c, v in cols.items()}, drawn[o]
+    else:
+        from ..correlate.ops import OPS_COLUMNS
+        drawn = np.zeros(0, np.int64)
+        cols = {c: np.zeros(0, np.int64) for c in OPS_COLUMNS + ("doorbell_pi",)}
+    series = {}
+    for *_, s in rows:
+        series.update(s)
+    per_qp = np.array([series[q] for q in top]).reshape(len(top), nb) if top else np.zeros((0, nb))
+    return Window(ev_t=ev_t, n_host=n_host, doorbells=D, n_doorbells=n_db, ops=cols, drawn=drawn, n_ops=n_ops,
+                  scan=scan_result(grid, gpu, node, top, per_qp.reshape(-1)), cut=cut, truncated=truncated)

@@ -1,0 +1,64 @@
+"""The cluster report's scratch space: one directory per part of the capture on the shared filesystem, where
+each task leaves what a later task of its part reads (decoded records, the part's operations, the exchange
+files of the peer matching).  Files are written whole and renamed into place, so a task that Dask runs again
+(its worker died) rewrites the same bytes and a reader never sees half a file."""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+
+def _atomic(path, write):
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(write):x}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def save(path, obj):
+    def w(tmp):
+        with open(tmp, "wb") as f:
+            pickle.dump(obj, f, protocol=5)
+    _atomic(path, w)
+
+
+def load(path):
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def save_array(path, arr):
+    def w(tmp):
+        with open(tmp, "wb") as f:
+            np.save(f, arr, allow_pickle=False)
+    _atomic(path, w)
+
+
+def load_slice(path, lo, hi):
+    """Rows [lo, hi) of an array written by ``save_array`` (only those are read)."""
+    return np.array(np.load(path, mmap_mode="r")[lo:hi])
+
+
+def save_arrays(path, **arrays):
+    def w(tmp):
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+    _atomic(path, w)
+
+
+def load_arrays(path):
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def part_dir(scratch, k):
+    d = Path(scratch) / f"part-{k:06d}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d

@@ -1,0 +1,160 @@
+"""`sigmatrace report --cluster` (sigmatrace.cluster) on a LocalCluster of two worker processes gives the local
+report: every table row for row, summary.json (timings excepted) and the Perfetto trace byte for byte -- for
+every committed fixture (each file split into one part per process, so every cross-process join crosses
+parts) and a synthetic multi-node capture of per-process files; a worker killed mid-report changes nothing
+(Dask runs its task again); a capture file that disappears mid-report is the local report's one-line error;
+the local report imports no Dask."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sigmatrace.report import build_report
+from sigmatrace_sim.synthetic import write_synthetic
+from test_report_streaming import _same_report
+
+distributed = pytest.importorskip("distributed", reason="the cluster extra (pip install '.[cluster]') is not installed")
+pytestmark = pytest.mark.sim
+FIX = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = sorted(p.name for p in FIX.glob("*.bin"))
+WINDOW = 300            # Perfetto events drawn: small enough that the window is cut on most captures
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    d, _ = write_synthetic(tmp_path_factory.mktemp("syn"), nodes=3, procs_per_node=2, seed=11)
+    return Path(d)
+
+
+def _both(cap, tmp, client, **kw):
+    kw = dict(dict(workers=2, figures=False, quiet=True, max_perfetto_events=WINDOW), **kw)
+    build_report(cap, tmp / "local", **kw)
+    build_report(cap, tmp / "cluster", cluster=client, **kw)
+    return tmp / "local", tmp / "cluster"
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixture_equals_local(name, tmp_path, client):
+    _same_report(*_both(FIX / name, tmp_path, client))
+
+
+def test_synthetic_multi_node_equals_local(synthetic, tmp_path, client):
+    _same_report(*_both(synthetic, tmp_path, client, max_perfetto_events=500_000))
+
+
+def test_tiny_batches_and_window_edges(synthetic, tmp_path, client):
+    """Tiny decode batches, no Perfetto event and a one-event window: still the local report."""
+    for i, kw in enumerate((dict(batch_records=7, max_perfetto_events=40), dict(max_perfetto_events=0),
+                            dict(max_perfetto_events=1, clock_refine="always"))):
+        _same_report(*_both(synthetic, tmp_path / str(i), client, **kw))
+
+
+class _KillOnce(distributed.WorkerPlugin):
+    """Ends its worker process (no cleanup, like a node failure) when a task of ``prefix`` starts, once."""
+
+    def __init__(self, marker, prefix):
+        self.marker, self.prefix = str(marker), prefix
+
+    def transition(self, key, start, finish, **kwargs):
+        if finish == "executing" and str(key).startswith(self.prefix) and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)
+
+
+@pytest.mark.parametrize("stage", ["sigmatrace-correlate", "sigmatrace-tables"])
+def test_worker_killed_mid_report(stage, synthetic, tmp_path, client):
+    ref = tmp_path / "ref"
+    build_report(synthetic, ref, workers=1, figures=False, quiet=True, max_perfetto_events=WINDOW, cluster=client)
+    marker = tmp_path / "killed"
+    name = f"kill-{stage}"
+    client.register_plugin(_KillOnce(marker, stage), name=name)
+    try:
+        got = tmp_path / "got"
+        build_report(synthetic, got, workers=1, figures=False, quiet=True, max_perfetto_events=WINDOW, cluster=client)
+    finally:
+        client.unregister_worker_plugin(name)
+    assert marker.exists(), "no worker was killed"
+    _same_report(ref, got)
+    client.wait_for_workers(2, timeout=60)
+
+
+def _cli(argv, capsys):
+    from sigmatrace.cli.main import main
+    rc = main(argv)
+    return rc, capsys.readouterr()
+
+
+def test_capture_file_disappearing_is_the_local_error(synthetic, tmp_path, client, monkeypatch, capsys):
+    """A process file removed after it was decoded (before the events table is streamed from it): the report
+    stops with the local report's one line and leaves no report behind."""
+    import shutil
+    import sigmatrace.cluster as C
+    import sigmatrace.cluster.driver as D
+    import sigmatrace.report.build as B
+    errors = {}
+    for mode in ("local", "cluster"):
+        cap = tmp_path / "cap"
+        shutil.rmtree(cap, ignore_errors=True)
+        shutil.copytree(synthetic, cap)
+        victim = sorted(cap.glob("*.trace"))[1]
+        args = ["report", str(cap), "-o", str(tmp_path / f"out-{mode}"), "-q", "--no-figures"]
+        with monkeypatch.context() as m:
+            if mode == "local":      # between the correlation and the tables
+                real = B.write_tables
+                m.setattr(B, "write_tables", lambda *a, **k: (victim.unlink(), real(*a, **k))[1])
+            else:                    # between the clock refinement and the tables
+                real = D.refine
+                m.setattr(D, "refine", lambda *a, **k: (victim.unlink(), real(*a, **k))[1])
+                m.setattr(C, "connect", lambda spec: (client, None))
+                args += ["--cluster", "the-test-cluster"]
+            rc, io = _cli(args, capsys)
+        assert rc == 2 and not (tmp_path / f"out-{mode}").exists(), io
+        lines = io.err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in io.err, io.err
+        errors[mode] = lines[0]
+    assert errors["local"] == errors["cluster"] and "No such file or directory" in errors["local"], errors
+
+
+def test_cli_local_cluster(tmp_path, capsys):
+    """`--cluster local:2` starts its own two workers, prints the dashboard, and writes the local report."""
+    cap = FIX / "bfs.bin"
+    out = tmp_path / "c"
+    rc, io = _cli(["report", str(cap), "-o", str(out), "--cluster", "local:2", "--max-perfetto-events", str(WINDOW)],
+                  capsys)
+    assert rc == 0, io.err
+    assert "Dask dashboard http" in io.err and "sigmatrace report →" in io.out
+    ref = tmp_path / "ref"
+    build_report(cap, ref, workers=1, quiet=True, max_perfetto_events=WINDOW)
+    _same_report(ref, out)
+    assert sorted(p.name for p in (ref / "figures").iterdir()) == sorted(p.name for p in (out / "figures").iterdir())
+
+
+@pytest.mark.parametrize("spec,why", [("local:0", "N >= 1"), ("local:x", "N >= 1"),
+                                      ("tcp://127.0.0.1:9", "cannot reach the Dask scheduler")])
+def test_bad_cluster_is_one_line(spec, why, tmp_path, capsys, monkeypatch):
+    import sigmatrace.cluster.client as CC
+    monkeypatch.setattr(CC, "CONNECT_TIMEOUT", "1s")
+    rc, io = _cli(["report", str(FIX / "put.bin"), "-o", str(tmp_path / "o"), "--cluster", spec], capsys)
+    assert rc == 2 and why in io.err and len(io.err.strip().splitlines()) == 1, io.err
+    assert not (tmp_path / "o").exists()
+
+
+def test_local_report_imports_no_dask(tmp_path):
+    code = ("import sys; from sigmatrace.report import build_report; "
+            f"build_report({str(FIX / 'put.bin')!r}, {str(tmp_path / 'r')!r}, quiet=True, figures=False); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')); "
+            "assert not bad, bad")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FIX.parent), str(FIX.parent / "sim")]))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
