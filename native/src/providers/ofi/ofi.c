@@ -85,11 +85,11 @@ static size_t ioc_bytes(const struct fi_ioc *ioc, size_t n, enum fi_datatype dt)
 	return b * dt_size(dt);
 }
 
-/* One posted operation.  t0: TSC before the call. */
+/* One posted operation.  t0: TSC before the call.  Like record_cq, it leaves
+ * errno alone without saving it: the record paths of core.h keep it. */
 static inline void ofi_op(uint64_t t0, uint16_t type, uint16_t aux, const struct ofi_obj *state, uint64_t bytes,
 			  fi_addr_t addr, uint64_t x3, int info_ext)
 {
-	int saved = errno;
 	uint32_t id = state ? state->id : 0;
 	/* a connected endpoint ignores the address: its peer is in OFI_ENDPOINT */
 	if (state && state->connected)
@@ -110,7 +110,6 @@ static inline void ofi_op(uint64_t t0, uint16_t type, uint16_t aux, const struct
 			st_commit();
 		}
 	}
-	errno = saved;
 }
 
 static void side_info(struct st_json *j, const struct fi_info *info)
@@ -159,7 +158,6 @@ static void record_create(uint16_t type, uint32_t id, const struct fi_info *info
 /* CQ reads: full mode, every call and every completion; aggregate: counters */
 static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, size_t count, ssize_t ret)
 {
-	int saved = errno;
 	size_t n = ret > 0 ? (size_t)ret : 0;
 	if (st_aggregate()) {
 		st_agg_add(ST_EV_OFI_CQ_READ, 0, cq->id, 0, n);
@@ -171,7 +169,6 @@ static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, si
 			else
 				st_agg_add(ST_EV_OFI_COMPLETION, (uint16_t)m->flags, cq->id, 0, m->len);
 		}
-		errno = saved;
 		return;
 	}
 	struct st_event *e = st_reserve(1);
@@ -204,7 +201,6 @@ static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, si
 			}
 		}
 	}
-	errno = saved;
 }
 
 static void record_mr(uint64_t t0, struct fid_mr *mr, const void *addr, size_t len)
@@ -254,8 +250,10 @@ static void patch_domain(struct fid_domain *dom, const struct fi_info *info);
 		const struct fi_ops_cq *ops = ORIG(cq->ops, struct fi_ops_cq); \
 		struct ofi_obj *owner = OWNER(cq->ops);                        \
 		ssize_t ret;                                                   \
-		uint64_t t0 = st_aggregate() ? 0 : st_tsc();                   \
+		uint64_t t0 = 0;                                               \
 		int top = st_enter();                                          \
+		if (top && !st_aggregate()) /* nested: no stamp (~rdtsc) */    \
+			t0 = st_tsc();                                         \
 		ret = ops->slot args;                                          \
 		st_leave();                                                    \
 		if (top)                                                       \
