@@ -155,12 +155,11 @@ static void record_create(uint16_t type, uint32_t id, const struct fi_info *info
 
 /* ---- what the wrappers record -------------------------------------------------------- */
 
-/* CQ reads: full mode, every call and every completion; aggregate: counters */
-static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, size_t count, ssize_t ret)
+/* The completions a CQ read returned (n > 0): out of line, so that the read
+ * of an empty CQ (a polling loop) is recorded by the wrapper itself. */
+static void record_completions(const struct ofi_obj *cq, const void *buf, size_t n)
 {
-	size_t n = ret > 0 ? (size_t)ret : 0;
 	if (st_aggregate()) {
-		st_agg_add(ST_EV_OFI_CQ_READ, 0, cq->id, 0, n);
 		for (size_t i = 0; i < n && cq->cq_stride; i++) {
 			const unsigned char *e = (const unsigned char *)buf + i * cq->cq_stride;
 			const struct fi_cq_msg_entry *m = (const void *)e;
@@ -171,12 +170,8 @@ static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, si
 		}
 		return;
 	}
-	struct st_event *e = st_reserve(1);
-	if (e) {
-		*e = (struct st_event){t0, ST_EV_OFI_CQ_READ, (uint16_t)(n > 0xffff ? 0xffff : n), cq->id, count};
-		st_commit();
-	}
-	uint64_t now = n ? st_tsc() : 0;
+	struct st_event *e;
+	uint64_t now = st_tsc();
 	for (size_t i = 0; i < n; i++) {
 		if (!cq->cq_stride) { /* unknown format: only the first entry's context is certain */
 			if (i == 0 && (e = st_reserve(1))) {
@@ -201,6 +196,24 @@ static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, si
 			}
 		}
 	}
+}
+
+/* CQ reads: full mode, every call and every completion; aggregate: counters */
+static inline __attribute__((always_inline)) void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf,
+							    size_t count, ssize_t ret)
+{
+	size_t n = ret > 0 ? (size_t)ret : 0;
+	if (st_aggregate()) {
+		st_agg_add(ST_EV_OFI_CQ_READ, 0, cq->id, 0, n);
+	} else {
+		struct st_event *e = st_reserve(1);
+		if (e) {
+			*e = (struct st_event){t0, ST_EV_OFI_CQ_READ, (uint16_t)(n > 0xffff ? 0xffff : n), cq->id, count};
+			st_commit();
+		}
+	}
+	if (unlikely(n))
+		record_completions(cq, buf, n);
 }
 
 static void record_mr(uint64_t t0, struct fid_mr *mr, const void *addr, size_t len)
