@@ -239,39 +239,50 @@ static void patch_domain(struct fid_domain *dom, const struct fi_info *info);
 
 /* ---- the wrappers of ofi_ops.def --------------------------------------------------------- */
 
-/* Endpoint data operations.  Counters need no timestamp (aggregate mode). */
+/* Endpoint data operations.  Counters need no timestamp (aggregate mode).
+ * The data wrappers forward a call made from inside the library (a utility
+ * provider calling the core one through the patched table) first, as a tail
+ * call: no frame, no stamp, no depth change (depth is already raised); the
+ * recording path is a function of its own so that this one needs no frame
+ * (GCC does not shrink-wrap the callee-saved registers of the recording
+ * path away from the forwarding one). */
 #define ST_OFI_EP_OP(table, slot, params, args, type, aux, bytes, peer, x3, info_ext)      \
-	static ssize_t ep_##table##_##slot params                                          \
+	static __attribute__((noinline)) ssize_t ep_##table##_##slot##_top params          \
 	{                                                                                  \
 		const struct fi_ops_##table *ops = ORIG(ep->table, struct fi_ops_##table); \
 		struct ofi_obj *owner = OWNER(ep->table);                                  \
-		ssize_t ret;                                                               \
-		uint64_t t0 = 0;                                                           \
-		int top = st_enter();                                                      \
-		if (top && !st_aggregate())                                                \
-			t0 = st_tsc();                                                     \
-		ret = ops->slot args;                                                      \
+		uint64_t t0 = st_aggregate() ? 0 : st_tsc();                               \
+		st_enter();                                                                \
+		ssize_t ret = ops->slot args;                                              \
 		st_leave();                                                                \
-		if (top && ret == 0)                                                       \
+		if (ret == 0)                                                              \
 			ofi_op(t0, type, aux, owner, bytes, peer, x3, info_ext);           \
 		return ret;                                                                \
+	}                                                                                  \
+	static ssize_t ep_##table##_##slot params                                          \
+	{                                                                                  \
+		if (unlikely(st_nested()))                                                 \
+			return ORIG(ep->table, struct fi_ops_##table)->slot args;          \
+		return ep_##table##_##slot##_top args;                                     \
 	}
 
 #define ST_OFI_CQ_READ(slot, params, args)                                     \
-	static ssize_t cq_##slot params                                        \
+	static __attribute__((noinline)) ssize_t cq_##slot##_top params        \
 	{                                                                      \
 		const struct fi_ops_cq *ops = ORIG(cq->ops, struct fi_ops_cq); \
 		struct ofi_obj *owner = OWNER(cq->ops);                        \
-		ssize_t ret;                                                   \
-		uint64_t t0 = 0;                                               \
-		int top = st_enter();                                          \
-		if (top && !st_aggregate()) /* nested: no stamp (~rdtsc) */    \
-			t0 = st_tsc();                                         \
-		ret = ops->slot args;                                          \
+		uint64_t t0 = st_aggregate() ? 0 : st_tsc();                   \
+		st_enter();                                                    \
+		ssize_t ret = ops->slot args;                                  \
 		st_leave();                                                    \
-		if (top)                                                       \
-			record_cq(t0, owner, buf, count, ret);                 \
+		record_cq(t0, owner, buf, count, ret);                         \
 		return ret;                                                    \
+	}                                                                      \
+	static ssize_t cq_##slot params                                        \
+	{                                                                      \
+		if (unlikely(st_nested()))                                     \
+			return ORIG(cq->ops, struct fi_ops_cq)->slot args;     \
+		return cq_##slot##_top args;                                   \
 	}
 
 #define ST_OFI_MR_REG(slot, params, args, valid, addr, len)                         \
