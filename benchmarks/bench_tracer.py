@@ -134,7 +134,7 @@ def _ns_per_call(hammer, tmp, mode, idle=True, calls=2_000_000):
     cmd = [hammer, "-p", "udp", "-a", "time", "-n", str(calls)] + (["-i"] if idle else [])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     shutil.rmtree(tmp / f"t-{mode}", ignore_errors=True)
-    return tuple(float(re.search(rf"^{key} ([\d.]+)", out, re.M).group(1))
+    return tuple(float(re.search(rf"^{key} (-?[\d.]+)", out, re.M).group(1))
                  for key in ("ns_per_call", "ns_per_rdtsc", "background_ns_per_call"))
 
 
