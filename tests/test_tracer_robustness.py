@@ -404,3 +404,31 @@ def test_cuda_pointer_attributes_recorded_full_width(review, tmp_path):
     assert got == want
 
 
+
+
+def _threads_of_sleeping_hammer(bins, env):
+    """The number of threads of a single-threaded tracer_hammer (-t 0: main thread only) once it has set
+    up its fabric (recorded: the trace is active) and sleeps."""
+    proc = subprocess.Popen([bins["tracer_hammer"], "-t", "0", "-a", "sleep", "-k", "0"], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        return len(os.listdir(f"/proc/{proc.pid}/task"))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@needs
+@pytest.mark.xfail(strict=True, reason="issue 20 part 1, not done: the writer is a thread of the traced process "
+                   "(the consumer process that would drain shared-memory rings is not built)")
+@pytest.mark.parametrize("mode", ["simple", "full"])
+def test_single_threaded_program_stays_single_threaded(tmp_path, bins, mode):
+    """Host-only tracing adds no thread: a thread makes glibc leave its single-threaded fast paths for good
+    (mutexes, stdio), which changes the program's cost before anything is recorded."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    assert _threads_of_sleeping_hammer(bins, env) == 1  # the untraced program is single-threaded
+    out = tmp_path / "t"
+    assert _threads_of_sleeping_hammer(bins, traced_env(out, SIGMATRACE_MODE=mode)) == 1
+    assert read_capture(out).processes  # and it was traced

@@ -93,7 +93,7 @@ static struct st_thread *thread_create(void)
 	tls_state = 1;
 	st_tls_self = t;
 	put_own_record(t, ST_EV_THREAD_START, (uint32_t)t->tid, 0); /* first record of every thread */
-	__atomic_store_n(&t->cur->committed, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&t->cur->committed, (uint32_t)sizeof(struct st_event), __ATOMIC_RELEASE);
 	return t;
 }
 
@@ -135,7 +135,7 @@ free_now:
 	return 0;
 }
 
-struct st_event *st_reserve_slow(unsigned n)
+static struct st_event *reserve_slow(unsigned n)
 {
 	struct st_thread *t = st_tls_self;
 	if (!t) {
@@ -166,6 +166,16 @@ struct st_event *st_reserve_slow(unsigned n)
 	}
 	struct st_event *e = t->pos;
 	t->pos += n;
+	return e;
+}
+
+/* errno is kept here, not by every wrapper around its fast path: the
+ * record paths touch errno only when they reach the slow path (mmap, futex). */
+struct st_event *st_reserve_slow(unsigned n)
+{
+	int saved = errno;
+	struct st_event *e = reserve_slow(n);
+	errno = saved;
 	return e;
 }
 
@@ -216,7 +226,7 @@ static void agg_spill(struct st_thread *t)
 	take_next(t);
 }
 
-void st_agg_slow(uint16_t type, uint16_t aux, uint32_t obj, uint64_t peer, uint64_t bytes)
+static void agg_slow(uint16_t type, uint16_t aux, uint32_t obj, uint64_t peer, uint64_t bytes)
 {
 	struct st_thread *t = st_tls_self;
 	if (!t) {
@@ -236,7 +246,7 @@ void st_agg_slow(uint16_t type, uint16_t aux, uint32_t obj, uint64_t peer, uint6
 					t->dropped_total++;
 					return;
 				}
-				st_agg_slow(type, aux, obj, peer, bytes);
+				agg_slow(type, aux, obj, peer, bytes);
 				return;
 			}
 			s->a.type = type;
@@ -256,6 +266,13 @@ void st_agg_slow(uint16_t type, uint16_t aux, uint32_t obj, uint64_t peer, uint6
 			return;
 		}
 	}
+}
+
+void st_agg_slow(uint16_t type, uint16_t aux, uint32_t obj, uint64_t peer, uint64_t bytes)
+{
+	int saved = errno;
+	agg_slow(type, aux, obj, peer, bytes);
+	errno = saved;
 }
 
 /* ---- thread exit ------------------------------------------------------- */

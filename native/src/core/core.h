@@ -87,6 +87,7 @@ uint64_t st_now_ns(void) ST_HIDDEN; /* CLOCK_MONOTONIC */
 
 /* ---- crc (crc32.c) ------------------------------------------------------ */
 uint32_t st_crc32(uint32_t crc, const void *buf, size_t len) ST_HIDDEN;
+int st_crc32_accelerated(void) ST_HIDDEN; /* 1: the carry-less multiply path is in use */
 
 /* ---- per-thread buffers (buffer.c) ------------------------------------ */
 enum st_chunk_state { ST_CHUNK_FREE = 0, ST_CHUNK_FULL = 1 };
@@ -95,7 +96,8 @@ struct st_chunk {
 	uint32_t state;     /* atomic: FREE (thread fills it) or FULL (writer owns it) */
 	uint32_t kind;      /* ST_CHUNK_EVENTS or ST_CHUNK_AGGREGATE */
 	uint32_t count;     /* records, set before state becomes FULL */
-	uint32_t committed; /* atomic: EVENTS records published so far (partial flush) */
+	uint32_t committed; /* atomic: bytes of EVENTS records published so far (partial flush; bytes, not
+			     * records: the hot path then needs no division by the record size) */
 	uint32_t flushed;   /* writer only: records already written by partial flushes */
 	uint32_t pad;
 	unsigned char *data;
@@ -137,7 +139,9 @@ struct st_event *st_reserve_slow(unsigned n) ST_HIDDEN;
 void st_agg_slow(uint16_t type, uint16_t aux, uint32_t obj, uint64_t peer, uint64_t bytes) ST_HIDDEN;
 void st_thread_exit_current(void) ST_HIDDEN;
 
-/* Reserve n consecutive records of the current chunk (n <= 4). */
+/* Reserve n consecutive records of the current chunk (n <= 4).  The record
+ * paths (st_reserve, st_commit, st_ev*, st_agg_add) leave errno as it was:
+ * only their slow paths make system calls, and those restore it. */
 static inline struct st_event *st_reserve(unsigned n)
 {
 	struct st_thread *t = st_tls_self;
@@ -153,7 +157,7 @@ static inline struct st_event *st_reserve(unsigned n)
 static inline void st_commit(void)
 {
 	struct st_thread *t = st_tls_self;
-	__atomic_store_n(&t->cur->committed, (uint32_t)(t->pos - t->base), __ATOMIC_RELEASE);
+	__atomic_store_n(&t->cur->committed, (uint32_t)((char *)t->pos - (char *)t->base), __ATOMIC_RELEASE);
 }
 
 static inline void st_ev(uint16_t type, uint16_t aux, uint32_t obj, uint64_t arg)

@@ -317,7 +317,7 @@ int st_drain_thread(uint32_t slot, int partial, int final)
 		 * the kind before its first commit, so a kind read after a non-zero commit is this use's (read
 		 * first, it could be a previous use's while the thread takes the chunk for aggregates) */
 		struct st_chunk *c = &t->chunks[t->writer_idx];
-		uint32_t n = __atomic_load_n(&c->committed, __ATOMIC_ACQUIRE);
+		uint32_t n = __atomic_load_n(&c->committed, __ATOMIC_ACQUIRE) / (uint32_t)sizeof(struct st_event);
 		if (n > c->flushed && __atomic_load_n(&c->kind, __ATOMIC_RELAXED) == ST_CHUNK_EVENTS) {
 			write_records(t, c, c->flushed, n);
 			c->flushed = n;

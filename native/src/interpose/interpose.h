@@ -87,6 +87,11 @@ static inline void st_leave(void)
 {
 	st_tls_depth--;
 }
+/* Inside a wrapper's call into the library: a wrapper entered now only forwards. */
+static inline int st_nested(void)
+{
+	return st_tls_depth != 0;
+}
 
 /* ---- ops tables (optable.c) ---------------------------------------------- */
 /* A private copy of `size` bytes of table `orig`, remembering orig and an

@@ -85,11 +85,11 @@ static size_t ioc_bytes(const struct fi_ioc *ioc, size_t n, enum fi_datatype dt)
 	return b * dt_size(dt);
 }
 
-/* One posted operation.  t0: TSC before the call. */
+/* One posted operation.  t0: TSC before the call.  Like record_cq, it leaves
+ * errno alone without saving it: the record paths of core.h keep it. */
 static inline void ofi_op(uint64_t t0, uint16_t type, uint16_t aux, const struct ofi_obj *state, uint64_t bytes,
 			  fi_addr_t addr, uint64_t x3, int info_ext)
 {
-	int saved = errno;
 	uint32_t id = state ? state->id : 0;
 	/* a connected endpoint ignores the address: its peer is in OFI_ENDPOINT */
 	if (state && state->connected)
@@ -110,7 +110,6 @@ static inline void ofi_op(uint64_t t0, uint16_t type, uint16_t aux, const struct
 			st_commit();
 		}
 	}
-	errno = saved;
 }
 
 static void side_info(struct st_json *j, const struct fi_info *info)
@@ -156,13 +155,11 @@ static void record_create(uint16_t type, uint32_t id, const struct fi_info *info
 
 /* ---- what the wrappers record -------------------------------------------------------- */
 
-/* CQ reads: full mode, every call and every completion; aggregate: counters */
-static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, size_t count, ssize_t ret)
+/* The completions a CQ read returned (n > 0): out of line, so that the read
+ * of an empty CQ (a polling loop) is recorded by the wrapper itself. */
+static void record_completions(const struct ofi_obj *cq, const void *buf, size_t n)
 {
-	int saved = errno;
-	size_t n = ret > 0 ? (size_t)ret : 0;
 	if (st_aggregate()) {
-		st_agg_add(ST_EV_OFI_CQ_READ, 0, cq->id, 0, n);
 		for (size_t i = 0; i < n && cq->cq_stride; i++) {
 			const unsigned char *e = (const unsigned char *)buf + i * cq->cq_stride;
 			const struct fi_cq_msg_entry *m = (const void *)e;
@@ -171,15 +168,10 @@ static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, si
 			else
 				st_agg_add(ST_EV_OFI_COMPLETION, (uint16_t)m->flags, cq->id, 0, m->len);
 		}
-		errno = saved;
 		return;
 	}
-	struct st_event *e = st_reserve(1);
-	if (e) {
-		*e = (struct st_event){t0, ST_EV_OFI_CQ_READ, (uint16_t)(n > 0xffff ? 0xffff : n), cq->id, count};
-		st_commit();
-	}
-	uint64_t now = n ? st_tsc() : 0;
+	struct st_event *e;
+	uint64_t now = st_tsc();
 	for (size_t i = 0; i < n; i++) {
 		if (!cq->cq_stride) { /* unknown format: only the first entry's context is certain */
 			if (i == 0 && (e = st_reserve(1))) {
@@ -204,7 +196,24 @@ static void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf, si
 			}
 		}
 	}
-	errno = saved;
+}
+
+/* CQ reads: full mode, every call and every completion; aggregate: counters */
+static inline __attribute__((always_inline)) void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf,
+							    size_t count, ssize_t ret)
+{
+	size_t n = ret > 0 ? (size_t)ret : 0;
+	if (st_aggregate()) {
+		st_agg_add(ST_EV_OFI_CQ_READ, 0, cq->id, 0, n);
+	} else {
+		struct st_event *e = st_reserve(1);
+		if (e) {
+			*e = (struct st_event){t0, ST_EV_OFI_CQ_READ, (uint16_t)(n > 0xffff ? 0xffff : n), cq->id, count};
+			st_commit();
+		}
+	}
+	if (unlikely(n))
+		record_completions(cq, buf, n);
 }
 
 static void record_mr(uint64_t t0, struct fid_mr *mr, const void *addr, size_t len)
@@ -230,37 +239,50 @@ static void patch_domain(struct fid_domain *dom, const struct fi_info *info);
 
 /* ---- the wrappers of ofi_ops.def --------------------------------------------------------- */
 
-/* Endpoint data operations.  Counters need no timestamp (aggregate mode). */
+/* Endpoint data operations.  Counters need no timestamp (aggregate mode).
+ * The data wrappers forward a call made from inside the library (a utility
+ * provider calling the core one through the patched table) first, as a tail
+ * call: no frame, no stamp, no depth change (depth is already raised); the
+ * recording path is a function of its own so that this one needs no frame
+ * (GCC does not shrink-wrap the callee-saved registers of the recording
+ * path away from the forwarding one). */
 #define ST_OFI_EP_OP(table, slot, params, args, type, aux, bytes, peer, x3, info_ext)      \
-	static ssize_t ep_##table##_##slot params                                          \
+	static __attribute__((noinline)) ssize_t ep_##table##_##slot##_top params          \
 	{                                                                                  \
 		const struct fi_ops_##table *ops = ORIG(ep->table, struct fi_ops_##table); \
 		struct ofi_obj *owner = OWNER(ep->table);                                  \
-		ssize_t ret;                                                               \
-		uint64_t t0 = 0;                                                           \
-		int top = st_enter();                                                      \
-		if (top && !st_aggregate())                                                \
-			t0 = st_tsc();                                                     \
-		ret = ops->slot args;                                                      \
+		uint64_t t0 = st_aggregate() ? 0 : st_tsc();                               \
+		st_enter();                                                                \
+		ssize_t ret = ops->slot args;                                              \
 		st_leave();                                                                \
-		if (top && ret == 0)                                                       \
+		if (ret == 0)                                                              \
 			ofi_op(t0, type, aux, owner, bytes, peer, x3, info_ext);           \
 		return ret;                                                                \
+	}                                                                                  \
+	static ssize_t ep_##table##_##slot params                                          \
+	{                                                                                  \
+		if (unlikely(st_nested()))                                                 \
+			return ORIG(ep->table, struct fi_ops_##table)->slot args;          \
+		return ep_##table##_##slot##_top args;                                     \
 	}
 
 #define ST_OFI_CQ_READ(slot, params, args)                                     \
-	static ssize_t cq_##slot params                                        \
+	static __attribute__((noinline)) ssize_t cq_##slot##_top params        \
 	{                                                                      \
 		const struct fi_ops_cq *ops = ORIG(cq->ops, struct fi_ops_cq); \
 		struct ofi_obj *owner = OWNER(cq->ops);                        \
-		ssize_t ret;                                                   \
 		uint64_t t0 = st_aggregate() ? 0 : st_tsc();                   \
-		int top = st_enter();                                          \
-		ret = ops->slot args;                                          \
+		st_enter();                                                    \
+		ssize_t ret = ops->slot args;                                  \
 		st_leave();                                                    \
-		if (top)                                                       \
-			record_cq(t0, owner, buf, count, ret);                 \
+		record_cq(t0, owner, buf, count, ret);                         \
 		return ret;                                                    \
+	}                                                                      \
+	static ssize_t cq_##slot params                                        \
+	{                                                                      \
+		if (unlikely(st_nested()))                                     \
+			return ORIG(cq->ops, struct fi_ops_cq)->slot args;     \
+		return cq_##slot##_top args;                                   \
 	}
 
 #define ST_OFI_MR_REG(slot, params, args, valid, addr, len)                         \
