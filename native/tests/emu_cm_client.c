@@ -28,7 +28,11 @@
  *       rdma_establish); the synchronous endpoint API (rdma_create_ep,
  *       rdma_get_request).
  * Output: one "KEY field=value ..." line per observation, then "RESULT OK"
- * or "RESULT FAIL ...".  Every wait is bounded. */
+ * or "RESULT FAIL ...".  Every wait is bounded.
+ *
+ * Over 600 lines: a test program; one binary with the server and client of every rdma_cm
+ * path the test drives by its arguments.
+ */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>

@@ -48,6 +48,9 @@
  * Output: "CHECK <name> ok" per check, "RESULT OK" at the end (exit 0);
  * "RESULT FAIL ..." (exit 1), exit 2 set-up failure, exit 3 the UAR could not
  * be mapped into the GPU (what sends NVSHMEM's auto handler to the CPU proxy).
+ *
+ * Over 600 lines: a test program that replays NVSHMEM's whole IBGDA transport (set-up,
+ * device-side WQEs, ping-pong over two processes) as one binary, as NVSHMEM is one transport.
  */
 #include <errno.h>
 #include <getopt.h>
