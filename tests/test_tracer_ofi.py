@@ -8,7 +8,6 @@ bytes moved, and the programs' exit codes and result lines must be those of
 an untraced run.
 """
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,17 +15,14 @@ import time
 import numpy as np
 import pytest
 
-from native_util import free_port, serve_and_connect
+from native_util import traced_tool, free_port, serve_and_connect
 from sigmatrace import _native
 from sigmatrace.format import events as E
 from sigmatrace.format import read_capture
 
 pytestmark = pytest.mark.sim
 
-LIB = _native.tracer_library()
-FI_PINGPONG = shutil.which("fi_pingpong")
-needs = pytest.mark.skipif(LIB is None or FI_PINGPONG is None,
-                           reason="needs build/dev/libsigmatrace.so and fi_pingpong (libfabric-bin)")
+LIB, FI_PINGPONG, needs = traced_tool("fi_pingpong", "libfabric-bin")
 ITERS, SIZE = 40, 1000
 
 

@@ -301,16 +301,20 @@ class _KernelMismatch(Exception):
     pass
 
 
+def _decode_begins(path, start, batch_records):
+    """What both decode paths start a file with: its path as a string, its FileDecode, process_uid -> index
+    into the ProcDecode list, that list, the losses, and the batch size (at least 1)."""
+    path = str(path)
+    procs: dict[int, int] = {}
+    plist: list[ProcDecode] = []
+    return path, FileDecode(path, start=int(start)), procs, plist, [], max(1, int(batch_records))
+
+
 def _decode_file_kernel(k, path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:
     """``decode_file`` with the C kernel: chunk validation + CRC, EXT join and per-type scatter in C; the
     Python side handles metadata chunks and does O(chunks) work per batch.  Chunks the kernel rejects are
     handed to ``iter_chunks`` (recover mode), which reports the loss and finds the next valid chunk."""
-    path = str(path)
-    out = FileDecode(path, start=int(start))
-    procs: dict[int, int] = {}
-    plist: list[ProcDecode] = []
-    losses = []
-    batch_records = max(1, int(batch_records))
+    path, out, procs, plist, losses, batch_records = _decode_begins(path, start, batch_records)
     buf = None
     try:
         buf = open_buffer(path)
@@ -421,12 +425,7 @@ def _meta_chunk(proc, kind, payload, count, thread, offset, out):
 
 def _decode_file_numpy(path, start=0, stop=None, batch_records=DEFAULT_BATCH_RECORDS) -> FileDecode:
     """The numpy path of ``decode_file`` (no compiled kernel)."""
-    path = str(path)
-    out = FileDecode(path, start=int(start))
-    procs: dict[int, int] = {}
-    plist: list[ProcDecode] = []
-    losses = []
-    batch_records = max(1, int(batch_records))
+    path, out, procs, plist, losses, batch_records = _decode_begins(path, start, batch_records)
     batch = _Batch(batch_records + 2730)
     buf = None
     try:
