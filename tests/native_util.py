@@ -35,6 +35,13 @@ def needs_bin(path):
     return pytest.mark.skipif(not Path(path).is_file(), reason=f"{path} not installed")
 
 
+def traced_tool(tool, package):
+    """(the tracer library, `tool` found on PATH, a skip marker unless both are there)."""
+    lib, exe = _native.tracer_library(), shutil.which(tool)
+    return lib, exe, pytest.mark.skipif(lib is None or exe is None,
+                                        reason=f"needs build/dev/libsigmatrace.so and {tool} ({package})")
+
+
 # ---------------------------------------------------------------------------
 # emulated fabrics and nodes
 

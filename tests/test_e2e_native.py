@@ -26,6 +26,7 @@ import pytest
 
 from native_util import needs_emu, serve_and_connect, wait_listen, free_port, popen, reaped
 from sigmatrace import _native
+from test_hijack_emu import _paths as hijack_paths
 from test_trace_verbs_support import IBGDA_CLIENT, RC_PINGPONG, env_for, needs_mlx5_provider, needs_tracer
 
 pytestmark = pytest.mark.sim
@@ -205,22 +206,12 @@ def test_pingpong_perfetto_and_query(pingpong_run):
 # 2. the emulated IBGDA hijack client, then replay
 
 
-def _hijack_paths():
-    for d in _native.candidate_dirs():
-        need = (d / "libsigmatrace.so", d / "emu" / "libibverbs.so.1", d / "emu" / "cuda" / "libcuda.so.1",
-                d / "tests" / "hijack_client")
-        if all(p.exists() for p in need):
-            return need[0], need[3], d / "emu", d / "emu" / "cuda"
-    return None
-
-
 @pytest.fixture(scope="module")
 def hijack_run(tmp_path_factory):
-    paths = _hijack_paths()
-    if paths is None:
+    lib, client, emu, emucu = hijack_paths()
+    if lib is None:
         pytest.skip("native build lacks libsigmatrace.so, emu/libibverbs.so.1, emu/cuda/libcuda.so.1 or "
                     "tests/hijack_client (cmake -S native -B build/dev && cmake --build build/dev -j2)")
-    lib, client, emu, emucu = paths
     tmp = tmp_path_factory.mktemp("e2e_hijack")
     cap = tmp / "trace"
     cap.mkdir()

@@ -120,6 +120,18 @@ def run_client(fabric, *args, lid=2, timeout=30):
     return r.returncode, r.stdout.splitlines(), r.stderr
 
 
+def client_server_pass(fabric, server_args, client_args):
+    """A server on a free port with server_args, one client with client_args (and --port): both exit 0.
+    Their output lines (client, server)."""
+    port = free_port()
+    srv, sout = start_server(fabric, port, *server_args)
+    with reaped(srv):
+        rc, out, err = run_client(fabric, "--port", str(port), *client_args)
+        src, sl = sout.finish()
+    assert rc == 0 and src == 0, "\n".join(out + sl) + err
+    return out, sl
+
+
 # ---------------------------------------------------------------------------
 # library surface
 
@@ -214,12 +226,7 @@ def test_connect_accept_private_data_both_ways(fabric, sync):
 @needs_cm
 @pytest.mark.parametrize("sync", [False, True], ids=["event-channel", "sync-ids"])
 def test_reject_with_private_data(fabric, sync):
-    port = free_port()
-    srv, sout = start_server(fabric, port, "--reject")
-    with reaped(srv):
-        rc, out, err = run_client(fabric, "--port", str(port), *(["--sync"] if sync else []))
-        src, sl = sout.finish()
-    assert rc == 0 and src == 0, "\n".join(out + sl) + err
+    out, sl = client_server_pass(fabric, ["--reject"], ["--sync"] if sync else [])
     assert "REJECT_SENT" in sl
     rej = fields(line(out, "REJECTED"))
     assert rej["status"] == str(REJ_CONSUMER_DEFINED) and rej["pdata"] == "go-away" and rej["pdata_len"] == "148"
@@ -323,12 +330,7 @@ def test_client_killed_before_accept(fabric):
 def test_ud_sidr_handshake(fabric):
     """RDMA_PS_UDP ids: SIDR REQ/REP carry QPN, qkey and private data (180 and
     136 bytes); no QP is needed for the handshake itself."""
-    port = free_port()
-    srv, sout = start_server(fabric, port, "--ud")
-    with reaped(srv):
-        rc, out, err = run_client(fabric, "--port", str(port), "--ud")
-        src, sl = sout.finish()
-    assert rc == 0 and src == 0, "\n".join(out + sl) + err
+    out, sl = client_server_pass(fabric, ["--ud"], ["--ud"])
     req = fields(line(sl, "REQ"))
     assert req["pdata"] == "hello-from-client" and req["pdata_len"] == "180"
     assert req["qp_num"] == "0x1234" and req["qkey"] == "0x1234567" and req["peer"] == "127.0.0.2"
@@ -356,12 +358,7 @@ def test_ud_qps_through_sidr(fabric):
     qkey; the SIDR reply's ah_attr/qp_num/qkey address one datagram."""
     if not emu_has_ud():
         pytest.skip("the emulated HCA has no UD QPs (ibv_create_qp(IBV_QPT_UD) fails)")
-    port = free_port()
-    srv, sout = start_server(fabric, port, "--ud-qp")
-    with reaped(srv):
-        rc, out, err = run_client(fabric, "--port", str(port), "--ud-qp")
-        src, sl = sout.finish()
-    assert rc == 0 and src == 0, "\n".join(out + sl) + err
+    out, sl = client_server_pass(fabric, ["--ud-qp"], ["--ud-qp"])
     client_qp = fields(line(out, "UD_SEND"))["qp_num"]
     est = fields(line(out, "ESTABLISHED"))
     assert est["qp_num"] == fields(line(sl, "ACCEPTED"))["qp_num"] and est["qkey"] == "0x1234567"

@@ -256,12 +256,18 @@ def dv_client(fabric, tmp_path, mode, **extra):
     return r, read_emu_stats(tmp_path)
 
 
+def dv_client_ok(fabric, tmp_path, mode, ok):
+    """dv_client that must pass (exit 0, its line `ok`): the result and the one process's NIC counters."""
+    r, stats = dv_client(fabric, tmp_path, mode)
+    assert r.returncode == 0 and ok in r.stdout, r.stdout + r.stderr
+    (s,) = stats.values()
+    return r, s
+
+
 @needs_emu
 @needs_client
 def test_stale_and_overrunning_doorbells_are_counted(fabric, tmp_path):
-    r, stats = dv_client(fabric, tmp_path, "--stale")
-    assert r.returncode == 0 and "OK stale" in r.stdout, r.stdout + r.stderr
-    (s,) = stats.values()
+    r, s = dv_client_ok(fabric, tmp_path, "--stale", "OK stale")
     assert s["db_stale_pi"] == 1 and s["db_pi_overrun"] == 1, s
     assert s["doorbells"] == 5 and s["bf_mismatch"] == 0, s
     errs = [ln for ln in r.stderr.splitlines() if "doorbell ERROR" in ln]
@@ -291,16 +297,12 @@ def test_blueflame_off_reports_bf_size_zero(fabric, tmp_path):
 @needs_emu
 @needs_client
 def test_async_events_block_and_report_last_wqe_reached(fabric, tmp_path):
-    r, stats = dv_client(fabric, tmp_path, "--async")
-    assert r.returncode == 0 and "OK async" in r.stdout, r.stdout + r.stderr
-    (s,) = stats.values()
+    r, s = dv_client_ok(fabric, tmp_path, "--async", "OK async")
     assert s["async_events"] == 1, s
 
 
 @needs_emu
 @needs_client
 def test_mlx5dv_cqs_and_arm_doorbells(fabric, tmp_path):
-    r, stats = dv_client(fabric, tmp_path, "--cq")
-    assert r.returncode == 0 and "OK cq" in r.stdout, r.stdout + r.stderr
-    (s,) = stats.values()
+    r, s = dv_client_ok(fabric, tmp_path, "--cq", "OK cq")
     assert s["cq_arms"] == 4, s  # two per CQ size

@@ -479,7 +479,7 @@ def test_rdma_core_rung_qp_on_a_proxied_bfreg_never_torn(tmp_path):
     emulated libibverbs rings as rdma-core's mlx5 does (SIGMATRACE_EMU_BF_POST: a one-WQE post is a BlueFlame
     copy, spread over 20 us so that it can be hit).  The program rings A and posts B at once, one after the
     other; the poller forwards A's doorbell from its own thread, which used to land inside B's burst on the
-    real register (the emulated HCA counts such a copy: bf_torn; seen ~20 of 200 before the fix).  B's posts
+    real register (the emulated HCA counts such a copy: bf_torn; seen 6..28 of 200 before the fix).  B's posts
     now hold the bfreg's ring lock that the poller's forwards take: no torn copy, every WQE of both QPs
     executed and A's recovered (a last round rings A alone, so that its last doorbell is the poller's to
     forward before the teardown).  Run untraced first: the program alone never tears a copy."""

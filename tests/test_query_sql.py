@@ -32,6 +32,20 @@ def test_perfetto_sql(report):
     assert out.strip()
 
 
+def skew_of(con, rows, n):
+    """ops of (node, dst_node, bytes) rows, one GPU per node (numbered as the nodes), n nodes: the rows of
+    the shipped skew_node and skew_gpu queries, by name."""
+    con.execute("CREATE TABLE ops AS SELECT * FROM (VALUES " + ",".join(f"({a},{b},{c},{a},{b})" for a, b, c in rows)
+                + ") t(node, dst_node, bytes, gpu, dst_gpu)")
+    con.execute(f"CREATE TABLE nodes AS SELECT range AS node FROM range({n})")
+    con.execute(f"CREATE TABLE gpus AS SELECT range AS gpu FROM range({n})")
+    out = {}
+    for name in ("skew_node", "skew_gpu"):
+        cur = run_named(con, name)
+        out[name] = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+    return out
+
+
 def test_skew_ties_pick_one_pair_lowest_ids():
     """A ring (every node sends the same bytes to the next): every pair and every node ties.  The heaviest
     pair is one real pair and ties go to the lowest ids, so summary.json is the same on every run (DuckDB's
@@ -41,13 +55,7 @@ def test_skew_ties_pick_one_pair_lowest_ids():
     con = duckdb.connect()
     ids = [100, 3, 57, 21]
     rows = [(ids[s], ids[(s + 1) % len(ids)], 1000) for s in range(len(ids)) for _ in range(50)]
-    con.execute("CREATE TABLE ops AS SELECT * FROM (VALUES " + ",".join(f"({a},{b},{c},{a},{b})" for a, b, c in rows)
-                + ") t(node, dst_node, bytes, gpu, dst_gpu)")
-    con.execute(f"CREATE TABLE nodes AS SELECT range AS node FROM range({len(ids)})")
-    con.execute(f"CREATE TABLE gpus AS SELECT range AS gpu FROM range({len(ids)})")
-    for name in ("skew_node", "skew_gpu"):
-        cur = run_named(con, name)
-        r = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+    for name, r in skew_of(con, rows, len(ids)).items():
         assert (r["heaviest_src"], r["heaviest_dst"]) == (3, 57), (name, r)
         if name == "skew_node":
             assert (r["heaviest_egress_node"], r["heaviest_ingress_node"]) == (3, 3), r

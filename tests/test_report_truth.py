@@ -13,12 +13,17 @@ pytestmark = pytest.mark.sim
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 
 
+def _report_of(tmp_path_factory, name, capture):
+    """(correlation, summary, report directory) of a committed capture, without Perfetto."""
+    out = tmp_path_factory.mktemp(name)
+    corr, summary, _ = build_report(FIX / capture, out, workers=1, perfetto=False, quiet=True)
+    return corr, summary, out
+
+
 @pytest.fixture(scope="module")
 def ar_report(tmp_path_factory):
     """The full-mode AllReduce: work requests with and without a recorded completion."""
-    out = tmp_path_factory.mktemp("ar")
-    corr, summary, _ = build_report(FIX / "allreduce_full.bin", out, workers=1, perfetto=False, quiet=True)
-    return corr, summary, out
+    return _report_of(tmp_path_factory, "ar", "allreduce_full.bin")
 
 
 def test_wr_latency_counts_measured_latencies_only(ar_report):
@@ -107,9 +112,7 @@ def test_host_library_ops_get_flows_and_perfetto_draws_them(tmp_path):
 # ------------------------------------------------------------------------------------------------ bandwidth
 @pytest.fixture(scope="module")
 def moe_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("moe")
-    corr, summary, _ = build_report(FIX / "moe.bin", out, workers=1, perfetto=False, quiet=True)
-    return corr, summary, out
+    return _report_of(tmp_path_factory, "moe", "moe.bin")
 
 
 def test_bandwidth_rows_are_zero_filled_in_gbps(moe_report):
@@ -372,17 +375,11 @@ def test_skew_metrics_of_an_even_ring():
     """A ring of 5 nodes, equal bytes: every skew ratio that compares like with like is 1; only the mean over
     every pair (idle ones included) gives N-1 = 4."""
     import duckdb
-    from sigmatrace.query import run_named
+    from test_query_sql import skew_of
     con = duckdb.connect()
     n = 5
     rows = [(s, (s + 1) % n, 1000) for s in range(n)]
-    con.execute("CREATE TABLE ops AS SELECT * FROM (VALUES " + ",".join(f"({a},{b},{c},{a},{b})" for a, b, c in rows)
-                + ") t(node, dst_node, bytes, gpu, dst_gpu)")
-    con.execute(f"CREATE TABLE nodes AS SELECT range AS node FROM range({n})")
-    con.execute(f"CREATE TABLE gpus AS SELECT range AS gpu FROM range({n})")
-    for name in ("skew_node", "skew_gpu"):
-        cur = run_named(con, name)
-        r = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+    for name, r in skew_of(con, rows, n).items():
         assert r["egress_imbalance"] == r["heaviest_pair_vs_top_pairs"] == r["heaviest_pair_vs_active_mean"] == 1
         assert r["heaviest_pair_vs_mean"] == n - 1 and (r["active_pairs"], r["pairs"]) == (n, n * (n - 1))
         assert r["min_destinations"] == r["max_destinations"] == 1

@@ -8,7 +8,6 @@ bytes moved, and the programs' exit codes and result lines must be those of
 an untraced run.
 """
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,17 +15,14 @@ import time
 import numpy as np
 import pytest
 
-from native_util import free_port, serve_and_connect
+from native_util import traced_tool, free_port, serve_and_connect
 from sigmatrace import _native
 from sigmatrace.format import events as E
 from sigmatrace.format import read_capture
 
 pytestmark = pytest.mark.sim
 
-LIB = _native.tracer_library()
-FI_PINGPONG = shutil.which("fi_pingpong")
-needs = pytest.mark.skipif(LIB is None or FI_PINGPONG is None,
-                           reason="needs build/dev/libsigmatrace.so and fi_pingpong (libfabric-bin)")
+LIB, FI_PINGPONG, needs = traced_tool("fi_pingpong", "libfabric-bin")
 ITERS, SIZE = 40, 1000
 
 
@@ -45,6 +41,13 @@ def pingpong(tmp_path, prov, ep, mode=None, providers=None, iters=ITERS, size=SI
     srv, cli = serve_and_connect(lambda port: [FI_PINGPONG, *common, "-B", str(port)],
                                  lambda port: [FI_PINGPONG, *common, "-P", str(port), "127.0.0.1"], env, settle=0.3)
     return out, srv, cli
+
+
+def pingpong_passed(tmp_path, prov, ep, **kw):
+    """pingpong whose server and client both exit 0: the trace directory."""
+    out, (rc_s, out_s), (rc_c, out_c) = pingpong(tmp_path, prov, ep, **kw)
+    assert rc_s == rc_c == 0, out_s + out_c
+    return out
 
 
 def result_fields(text):
@@ -106,8 +109,7 @@ def test_pingpong_simple_mode(tmp_path, prov, ep):
 
 @needs
 def test_pingpong_aggregate_totals(tmp_path):
-    out, (rc_s, _), (rc_c, _) = pingpong(tmp_path, "sockets", "msg", mode="aggregate")
-    assert rc_s == rc_c == 0
+    out = pingpong_passed(tmp_path, "sockets", "msg", mode="aggregate")
     cap = read_capture(out)
     for p in cap.processes:
         assert p.header["mode"] == "aggregate"
@@ -129,9 +131,7 @@ def test_pingpong_aggregate_totals(tmp_path):
 
 @needs
 def test_pingpong_full_mode_completions(tmp_path):
-    out, (rc_s, _), (rc_c, _) = pingpong(tmp_path, "tcp", "msg", mode="full")
-    assert rc_s == rc_c == 0
-    cap = read_capture(out)
+    cap = read_capture(pingpong_passed(tmp_path, "tcp", "msg", mode="full"))
     for p in cap.processes:
         i = p.index
         assert p.end["dropped_events"] == 0
@@ -151,8 +151,7 @@ def test_pingpong_full_mode_completions(tmp_path):
 
 @needs
 def test_disabled_provider_records_nothing_but_says_so(tmp_path):
-    out, (rc_s, _), (rc_c, _) = pingpong(tmp_path, "tcp", "msg", providers="ucx,ibv")
-    assert rc_s == rc_c == 0
+    out = pingpong_passed(tmp_path, "tcp", "msg", providers="ucx,ibv")
     # no libfabric record; the file exists only to say that libfabric was loaded untraced (issue 17)
     cap = read_capture(out)
     assert len(cap.processes) == 2 and not np.any((cap.events["type"] >> 8) == E.LAYER_OFI)
@@ -194,8 +193,7 @@ def test_every_operation_matched_to_its_peer(tmp_path, ep):
     endpoint's fi_info src_addr has port 0; the tracer records the address it is bound to once enabled
     (a second OFI_ENDPOINT record, "bound": true), which is what the peer's AV holds."""
     from sigmatrace.correlate import correlate
-    out, (rs, so), (rc, co) = pingpong(tmp_path, "tcp", ep, mode="full")
-    assert rs == 0 and rc == 0, so + co
+    out = pingpong_passed(tmp_path, "tcp", ep, mode="full")
     corr = correlate(out, workers=1)
     ops = corr.tables["ops"]
     assert len(ops["op_id"]) >= 2 * ITERS

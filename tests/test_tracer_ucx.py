@@ -5,22 +5,17 @@ transport (posix + self), for a tag test and an RMA test; warm-up disabled
 (-w 0) so the counts are exactly -n iterations of -s bytes.
 """
 import os
-import shutil
 
 import numpy as np
 import pytest
 
-from native_util import serve_and_connect
-from sigmatrace import _native
+from native_util import traced_tool, serve_and_connect
 from sigmatrace.format import events as E
 from sigmatrace.format import read_capture
 
 pytestmark = pytest.mark.sim
 
-LIB = _native.tracer_library()
-PERFTEST = shutil.which("ucx_perftest")
-needs = pytest.mark.skipif(LIB is None or PERFTEST is None,
-                           reason="needs build/dev/libsigmatrace.so and ucx_perftest (ucx-utils)")
+LIB, PERFTEST, needs = traced_tool("ucx_perftest", "ucx-utils")
 ITERS, SIZE = 200, 256
 
 

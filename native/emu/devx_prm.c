@@ -23,7 +23,11 @@
  * from the general page (ibgda.cpp ibgda_create_qp, ibgda_alloc_and_map_qp_uar,
  * ibgda_create_dct_shared_objects) and atomic_operations, atomic_size_qp/dc
  * and the 8-byte endianness mode from the atomic page
- * (transport_mlx5_common.cpp). */
+ * (transport_mlx5_common.cpp).
+ *
+ * Over 600 lines: one dispatcher of the PRM commands over the NIC's object tables; the
+ * commands share its field accessors and state checks, and a split by command would scatter one switch.
+ */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>

@@ -1,7 +1,11 @@
 /* The emulated NIC's requester: it parses the send WQEs that doorbells
  * announced, turns them into fabric packets, matches the responses to the
  * WQEs in flight and writes the CQEs, in SQ order (ref §1, §2.2).  The CQE
- * writer serves the responder too. */
+ * writer serves the responder too.
+ *
+ * Over 600 lines: the execution of every send opcode, which share the WQE walk, the in-flight
+ * table and the CQE writer; one file keeps the SQ-order rule in one place.
+ */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -240,6 +244,41 @@ static uint32_t dci_address(struct emu_nic *nic, struct emu_qp *qp, const uint8_
 	return avlen;
 }
 
+/* The payload of a send WQE's data and inline segments from byte off of its ds 16-byte units (ref
+ * §1.6, §1.7): pieces into g (*ng of them, EMU_MAX_SGE + 4 at most), their bytes added to *total.
+ * 0, or the CQE syndrome: an inline segment past the WQE, a data segment the local keys refuse. */
+static uint8_t gather_segments(struct emu_nic *nic, const uint8_t *w, uint32_t off, uint32_t ds, struct emu_gather *g,
+			       int *ng, uint64_t *total)
+{
+	while (off + 4 <= ds * 16 && *ng < EMU_MAX_SGE + 4) {
+		uint32_t bc;
+		memcpy(&bc, w + off, 4);
+		bc = be32toh(bc);
+		if (bc & ST_MLX5_INLINE_SEG) {
+			uint32_t len = bc & 0x3ff;
+			if (off + 4 + len > ds * 16)
+				return ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR;
+			g[*ng].data = w + off + 4;
+			g[(*ng)++].len = len;
+			*total += len;
+			off += (4 + len + 15) & ~15u;
+		} else {
+			if (off + 16 > ds * 16)
+				break;
+			const struct st_mlx5_wqe_data_seg *d = (const void *)(w + off);
+			off += 16;
+			uint32_t len = bc, lkey = be32toh(d->lkey);
+			uint64_t addr = be64toh(d->addr);
+			if (emu_check_local(nic, lkey, addr, len, 0))
+				return ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR;
+			g[*ng].data = (const uint8_t *)(uintptr_t)addr;
+			g[(*ng)++].len = len;
+			*total += len;
+		}
+	}
+	return 0;
+}
+
 enum { EXEC_DONE = 0, EXEC_STALL = 1 };
 
 /* A UD SEND (ref §1.8): ctrl, datagram segment (the AV: destination LID or
@@ -292,35 +331,10 @@ static int exec_ud(struct emu_nic *nic, struct emu_qp *qp, struct emu_inflight *
 	struct emu_gather g[EMU_MAX_SGE + 4];
 	int ng = 0;
 	uint64_t total = 0;
-	while (off + 4 <= ds * 16 && ng < EMU_MAX_SGE + 4) {
-		uint32_t bc;
-		memcpy(&bc, w + off, 4);
-		bc = be32toh(bc);
-		if (bc & ST_MLX5_INLINE_SEG) {
-			uint32_t len = bc & 0x3ff;
-			if (off + 4 + len > ds * 16) {
-				f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR;
-				return EXEC_DONE;
-			}
-			g[ng].data = w + off + 4;
-			g[ng++].len = len;
-			total += len;
-			off += (4 + len + 15) & ~15u;
-		} else {
-			if (off + 16 > ds * 16)
-				break;
-			const struct st_mlx5_wqe_data_seg *d = (const void *)(w + off);
-			off += 16;
-			uint32_t len = bc, lkey = be32toh(d->lkey);
-			uint64_t addr = be64toh(d->addr);
-			if (emu_check_local(nic, lkey, addr, len, 0)) {
-				f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR;
-				return EXEC_DONE;
-			}
-			g[ng].data = (const uint8_t *)(uintptr_t)addr;
-			g[ng++].len = len;
-			total += len;
-		}
+	uint8_t syndrome = gather_segments(nic, w, off, ds, g, &ng, &total);
+	if (syndrome) {
+		f->syndrome = syndrome;
+		return EXEC_DONE;
 	}
 	if (total > EMU_PKT_MAX) {
 		f->syndrome = ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR;
@@ -527,34 +541,9 @@ static int exec_wqe(struct emu_nic *nic, struct emu_qp *qp)
 	}
 
 	/* SEND / WRITE: gather list from data or inline segments */
-	while (off + 4 <= ds * 16 && ng < EMU_MAX_SGE + 4) {
-		uint32_t bc;
-		memcpy(&bc, w + off, 4);
-		bc = be32toh(bc);
-		if (bc & ST_MLX5_INLINE_SEG) {
-			uint32_t len = bc & 0x3ff;
-			if (off + 4 + len > ds * 16)
-				FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
-			g[ng].data = w + off + 4;
-			g[ng].len = len;
-			ng++;
-			total += len;
-			off += (4 + len + 15) & ~15u;
-		} else {
-			if (off + 16 > ds * 16)
-				break;
-			const struct st_mlx5_wqe_data_seg *d = (const void *)(w + off);
-			off += 16;
-			uint32_t len = bc, lkey = be32toh(d->lkey);
-			uint64_t addr = be64toh(d->addr);
-			if (emu_check_local(nic, lkey, addr, len, 0))
-				FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
-			g[ng].data = (const uint8_t *)(uintptr_t)addr;
-			g[ng].len = len;
-			ng++;
-			total += len;
-		}
-	}
+	uint8_t syndrome = gather_segments(nic, w, off, ds, g, &ng, &total);
+	if (syndrome)
+		FAIL(syndrome);
 	if (total > (1ull << 31))
 		FAIL(ST_MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
 	f->byte_len = (uint32_t)total;

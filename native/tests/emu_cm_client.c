@@ -28,7 +28,11 @@
  *       rdma_establish); the synchronous endpoint API (rdma_create_ep,
  *       rdma_get_request).
  * Output: one "KEY field=value ..." line per observation, then "RESULT OK"
- * or "RESULT FAIL ...".  Every wait is bounded. */
+ * or "RESULT FAIL ...".  Every wait is bounded.
+ *
+ * Over 600 lines: a test program; one binary with the server and client of every rdma_cm
+ * path the test drives by its arguments.
+ */
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
@@ -116,6 +120,19 @@ struct conn {
 	char *buf;
 };
 
+/* A 4 KiB registered buffer for the connection, and one receive into its upper half. */
+static void buffer_and_receive(struct rdma_cm_id *id, struct conn *c)
+{
+	c->buf = calloc(1, 4096);
+	c->mr = ibv_reg_mr(id->pd, c->buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	if (!c->mr)
+		DIE("ibv_reg_mr: %s", strerror(errno));
+	struct ibv_sge sg = { .addr = (uintptr_t)c->buf + 2048, .length = 2048, .lkey = c->mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = 1, .sg_list = &sg, .num_sge = 1 }, *bad;
+	if (ibv_post_recv(id->qp, &wr, &bad))
+		DIE("ibv_post_recv");
+}
+
 static void make_qp(struct rdma_cm_id *id, struct conn *c)
 {
 	struct ibv_qp_init_attr ia = { .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
@@ -127,14 +144,7 @@ static void make_qp(struct rdma_cm_id *id, struct conn *c)
 	struct ibv_qp_init_attr qi;
 	ibv_query_qp(id->qp, &qa, IBV_QP_STATE, &qi);
 	EXPECT(qa.qp_state == IBV_QPS_INIT, "new QP in state %d, want INIT", qa.qp_state);
-	c->buf = calloc(1, 4096);
-	c->mr = ibv_reg_mr(id->pd, c->buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	if (!c->mr)
-		DIE("ibv_reg_mr: %s", strerror(errno));
-	struct ibv_sge sg = { .addr = (uintptr_t)c->buf + 2048, .length = 2048, .lkey = c->mr->lkey };
-	struct ibv_recv_wr wr = { .wr_id = 1, .sg_list = &sg, .num_sge = 1 }, *bad;
-	if (ibv_post_recv(id->qp, &wr, &bad))
-		DIE("ibv_post_recv");
+	buffer_and_receive(id, c);
 }
 
 /* A UD QP on a PS_UDP id: rdma_create_qp takes it to RTS with the CM's qkey. */
@@ -148,14 +158,7 @@ static void make_ud_qp(struct rdma_cm_id *id, struct conn *c)
 	struct ibv_qp_init_attr qi;
 	ibv_query_qp(id->qp, &qa, IBV_QP_STATE | IBV_QP_QKEY, &qi);
 	EXPECT(qa.qp_state == IBV_QPS_RTS && qa.qkey == RDMA_UDP_QKEY, "UD QP state %d qkey 0x%x", qa.qp_state, qa.qkey);
-	c->buf = calloc(1, 4096);
-	c->mr = ibv_reg_mr(id->pd, c->buf, 4096, IBV_ACCESS_LOCAL_WRITE);
-	if (!c->mr)
-		DIE("ibv_reg_mr: %s", strerror(errno));
-	struct ibv_sge sg = { .addr = (uintptr_t)c->buf + 2048, .length = 2048, .lkey = c->mr->lkey };
-	struct ibv_recv_wr wr = { .wr_id = 1, .sg_list = &sg, .num_sge = 1 }, *bad;
-	if (ibv_post_recv(id->qp, &wr, &bad))
-		DIE("ibv_post_recv");
+	buffer_and_receive(id, c);
 }
 
 static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc, int ms);
@@ -237,6 +240,15 @@ static void destroy_conn(struct rdma_cm_id *id, struct conn *c)
 	free(c->buf);
 	if (id->qp)
 		rdma_destroy_qp(id);
+}
+
+/* The server's connection id and its objects gone; c made empty for the next one. */
+static void drop_child(struct rdma_cm_id **child, struct conn *c)
+{
+	destroy_conn(*child, c);
+	memset(c, 0, sizeof *c);
+	rdma_destroy_id(*child);
+	*child = NULL;
 }
 
 /* ---- server ------------------------------------------------------------------------ */
@@ -334,9 +346,7 @@ static int server(const struct opts *o)
 				make_qp(child, &c);
 			if (rdma_accept(child, &cp)) {
 				OUT("ACCEPT_FAILED errno=%d", errno);
-				destroy_conn(child, &c);
-				rdma_destroy_id(child);
-				child = NULL;
+				drop_child(&child, &c);
 				done++;
 				break;
 			}
@@ -344,10 +354,7 @@ static int server(const struct opts *o)
 				OUT("ACCEPTED ud=1 qp_num=0x%x", child->qp ? child->qp->qp_num : cp.qp_num);
 				if (o->ud_qp)
 					ud_recv(child, &c);
-				destroy_conn(child, &c);
-				memset(&c, 0, sizeof c);
-				rdma_destroy_id(child);
-				child = NULL;
+				drop_child(&child, &c);
 				done++;
 			}
 			break;
@@ -366,21 +373,14 @@ static int server(const struct opts *o)
 			OUT("DISCONNECTED side=server status=%d", ev->status);
 			rdma_ack_cm_event(ev);
 			rdma_disconnect(child);
-			destroy_conn(child, &c);
-			memset(&c, 0, sizeof c);
-			rdma_destroy_id(child);
-			child = NULL;
+			drop_child(&child, &c);
 			done++;
 			break;
 		case RDMA_CM_EVENT_REJECTED:
 			OUT("CHILD_REJECTED status=%d", ev->status);
 			rdma_ack_cm_event(ev);
-			if (child) {
-				destroy_conn(child, &c);
-				memset(&c, 0, sizeof c);
-				rdma_destroy_id(child);
-				child = NULL;
-			}
+			if (child)
+				drop_child(&child, &c);
 			done++;
 			break;
 		default:

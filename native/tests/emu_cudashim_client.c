@@ -23,14 +23,7 @@
 
 #include "emucuda.h"
 
-typedef int CUresult;
-typedef uint64_t CUdeviceptr;
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(int *, int);
-CUresult cuDevicePrimaryCtxRetain(void **, int);
-CUresult cuCtxSetCurrent(void *);
-CUresult cuMemHostRegister_v2(void *, size_t, unsigned);
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
+#include "cu_driver.h"
 typedef CUresult (*reg_fn)(void *, size_t, unsigned);
 typedef CUresult (*gpa_fn)(const char *, void **, int, uint64_t, int *);
 

@@ -62,6 +62,9 @@
  * Ground truth on stdout: one "DB qpn=0x.. pi=.. nwqe=.. first_idx=.." line per
  * doorbell; "RESULT OK ..." or "RESULT FAIL ..." at the end (exit 0 / 1;
  * 2 = timeout/setup failure).
+ *
+ * Over 600 lines: a test program; one binary whose modes (DevX, verbs QPs, churn, teardown,
+ * interleave) reuse one set-up and one WQE writer.
  */
 #include <errno.h>
 #include <getopt.h>

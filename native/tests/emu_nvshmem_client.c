@@ -48,6 +48,9 @@
  * Output: "CHECK <name> ok" per check, "RESULT OK" at the end (exit 0);
  * "RESULT FAIL ..." (exit 1), exit 2 set-up failure, exit 3 the UAR could not
  * be mapped into the GPU (what sends NVSHMEM's auto handler to the CPU proxy).
+ *
+ * Over 600 lines: a test program that replays NVSHMEM's whole IBGDA transport (set-up,
+ * device-side WQEs, ping-pong over two processes) as one binary, as NVSHMEM is one transport.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -66,18 +69,7 @@
 #include "ibgda_common.h"
 #include "sigmatrace/mlx5.h"
 
-/* the emulated CUDA driver (libcuda.so.1 of native/emu/cuda); no CUDA headers */
-typedef int CUresult;
-typedef uint64_t CUdeviceptr;
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(int *, int);
-CUresult cuDevicePrimaryCtxRetain(void **, int);
-CUresult cuCtxSetCurrent(void *);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
-CUresult cuMemHostRegister_v2(void *, size_t, unsigned);
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
-CUresult cuMemGetHandleForAddressRange(void *, CUdeviceptr, size_t, int, unsigned long long);
+#include "cu_driver.h" /* the emulated CUDA driver (libcuda.so.1 of native/emu/cuda) */
 
 #define DIE(code, ...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(code); } while (0)
 #define CHECK(c, ...) do { if (!(c)) DIE(1, __VA_ARGS__); } while (0)

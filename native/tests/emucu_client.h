@@ -12,14 +12,7 @@
 
 #include "emucuda.h"
 
-typedef int CUresult;
-typedef uint64_t CUdeviceptr;
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(int *, int);
-CUresult cuCtxCreate_v2(void **, unsigned, int);
-CUresult cuMemHostRegister_v2(void *, size_t, unsigned);
-CUresult cuMemHostUnregister(void *);
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
+#include "cu_driver.h"
 
 #define DIE(...) do { printf("RESULT FAIL "); printf(__VA_ARGS__); printf("\n"); fflush(stdout); exit(1); } while (0)
 #define CHECK(c, ...) do { if (!(c)) DIE(__VA_ARGS__); } while (0)

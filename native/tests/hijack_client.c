@@ -34,21 +34,7 @@
 #include "emucuda.h"
 #include "ibgda_common.h"
 
-typedef int CUresult;
-typedef uint64_t CUdeviceptr;
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(int *, int);
-CUresult cuCtxCreate_v2(void **, unsigned, int);
-CUresult cuCtxSetCurrent(void *);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
-CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
-CUresult cuMemHostRegister_v2(void *, size_t, unsigned);
-CUresult cuMemHostUnregister(void *);
-CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
-CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
+#include "cu_driver.h"
 
 typedef CUresult (*reg_fn)(void *, size_t, unsigned);
 typedef CUresult (*gdp_fn)(CUdeviceptr *, void *, unsigned);

@@ -1,5 +1,7 @@
 """Perfetto protobuf export (F17) with the ``perfetto`` package's protos.
 
+(Over 600 lines: one trace builder; the track, event and flow writers share its interning tables.)
+
 Tracks:
  * one process track per traced process (pid, "rank N @ host"), one thread
    track per thread; host calls (verbs, DevX, CUDA, UCX, OFI events) are slices

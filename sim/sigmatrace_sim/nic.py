@@ -236,34 +236,40 @@ class CompletionQueue:
                            (cqe_op << 4) | owner)
             self.pi += 1
 
-    def poll(self, now=None):
-        """GPU side: the next valid CQE's wqe_counter, or None (owner-bit test, ref §2.2)."""
-        if self.pending:
-            self.land(self.env.now if now is None else now)
+    def _entry_at_ci(self):
+        """The byte offset of the entry at the consumer index if software owns it (owner-bit test, ref
+        §2.2), else None."""
         off = (self.ci & (self.depth - 1)) * 64
         op_own = self.ring[off + 63]
         if (op_own >> 4) == 0xF or (op_own & 1) != ((self.ci >> self.log_size) & 1):
             return None
-        self.ci += 1
-        return (self.ring[off + 60] << 8) | self.ring[off + 61]
+        return off
+
+    def _take(self, now):
+        """The next valid CQE's offset, consumed (what has landed by ``now`` first), or None."""
+        if self.pending:
+            self.land(self.env.now if now is None else now)
+        off = self._entry_at_ci()
+        if off is not None:
+            self.ci += 1
+        return off
+
+    def poll(self, now=None):
+        """GPU side: the next valid CQE's wqe_counter, or None."""
+        off = self._take(now)
+        return None if off is None else (self.ring[off + 60] << 8) | self.ring[off + 61]
 
     def has_entry(self):
         """Owner-bit test of the entry at the consumer index, without consuming it."""
-        off = (self.ci & (self.depth - 1)) * 64
-        op_own = self.ring[off + 63]
-        return (op_own >> 4) != 0xF and (op_own & 1) == ((self.ci >> self.log_size) & 1)
+        return self._entry_at_ci() is not None
 
     def poll_entry(self, now=None):
         """CPU side (verbs): (cqe opcode, qpn, wqe_counter, byte_cnt) of the next valid CQE, or None."""
-        if self.pending:
-            self.land(self.env.now if now is None else now)
-        off = (self.ci & (self.depth - 1)) * 64
-        op_own = self.ring[off + 63]
-        if (op_own >> 4) == 0xF or (op_own & 1) != ((self.ci >> self.log_size) & 1):
+        off = self._take(now)
+        if off is None:
             return None
-        self.ci += 1
         byte_cnt, sop_qpn, counter = _CQE_FIELDS.unpack_from(self.ring, off + 44)
-        return op_own >> 4, sop_qpn & 0xFFFFFF, counter, byte_cnt
+        return self.ring[off + 63] >> 4, sop_qpn & 0xFFFFFF, counter, byte_cnt
 
     def wait(self):
         """An event processed one GPU poll round trip after the next CQE lands.

@@ -5,6 +5,9 @@
  * mode.  Idle, it spins, then waits (umwait/mwaitx on a single GPU word) or
  * sleeps with back-off.  At process exit a CPU-doorbell page keeps
  * forwarding (forward_only) after its summary.
+ *
+ * Over 600 lines: the poller thread and everything private to it (scan, ordering, BlueFlame
+ * capture, forward, idle wait, summary); its state is the page's, shared with no other file.
  */
 #include <pthread.h>
 #include <sched.h>

@@ -25,6 +25,9 @@
  * proxy item its operations (sequence numbers, kind, count, bytes) and the work requests and bytes it
  * posted.  Environment: FAKE_NCCL_DIR (rendezvous, default /tmp), FAKE_NCCL_GT_DIR (no file without),
  * FAKE_NCCL_CAP (bytes of each per-peer area, default 2 MiB), FAKE_NCCL_CONNECT (init | call | async).
+ *
+ * Over 600 lines: a test library standing in for libnccl.so.2 (communicators, proxy thread,
+ * algorithms, ground-truth log) as one shared object, like the library it stands for.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
