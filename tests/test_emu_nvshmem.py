@@ -171,16 +171,19 @@ def test_uar_map_refused_without_the_shim(fabric):
     assert p.returncode == 3 and "UARMAP refused cuMemHostRegister=1" in p.stdout, p.stdout + p.stderr
 
 
+@pytest.mark.parametrize("scope", ["global", "local"])
 @pytest.mark.parametrize("mode", ["none", "shim", "shim-uar-only", "lenient-driver"])
-def test_cudashim(fabric, mode):
+def test_cudashim(fabric, mode, scope):
     """The shim rewrites IoMemory registrations of emulated UARs, whichever way the driver was
-    reached (exported symbol, cuGetProcAddress, dlsym on the driver's handle); with the
-    emulator in the process it also lets other RAM through (the tracer's proxy pages), unless
-    SIGMATRACE_EMU_CUDASHIM=uar."""
+    reached (exported symbol, cuGetProcAddress, dlsym on the driver's handle) and however the
+    verbs library was loaded (RTLD_LOCAL as by NVSHMEM's transport: not visible to
+    dlsym(RTLD_DEFAULT)); with the emulator in the process it also lets other RAM through (the
+    tracer's proxy pages), unless SIGMATRACE_EMU_CUDASHIM=uar."""
     env = env_of(fabric, 1, strict=mode != "lenient-driver", shim=mode.startswith("shim"))
     if mode == "shim-uar-only":
         env["SIGMATRACE_EMU_CUDASHIM"] = "uar"
-    p = subprocess.run([str(SHIM_CLIENT)], env=env, capture_output=True, text=True, timeout=60)
+    args = [str(SHIM_CLIENT)] + (["--local"] if scope == "local" else [])
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "RESULT OK" in p.stdout, p.stdout + p.stderr
     reg = dict(ln.split()[1:3] for ln in p.stdout.splitlines() if ln.startswith("REG "))
     stores = {ln.split()[1] for ln in p.stdout.splitlines() if ln.startswith("STORE ")}

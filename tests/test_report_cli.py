@@ -140,3 +140,23 @@ def test_heatmap_of_many_ranks_stays_readable(tmp_path):
     shown = {t for t in re.findall(r"<!-- (rank\d+) -->", svg)}
     assert shown == {f"rank{i}" for i in range(0, n, 4)}         # every 4th label of 128 (matplotlib names
     # each drawn text in a comment)
+
+
+def test_report_names_the_process_that_ended_early(tmp_path, capsys):
+    """A process file without its END chunk (a rank killed, or a file cut): the summary and the terminal say
+    which process it was and when its last event was recorded; the others stay complete."""
+    from sigmatrace.format.layout import CHUNK_END
+    from sigmatrace.format.reader import iter_chunks
+    cap = tmp_path / "cap"
+    write_synthetic(cap, nodes=1, procs_per_node=2, doorbells_per_qp=8, pingpongs=8)
+    victim = sorted(cap.glob("*.trace"))[1]
+    (end,) = [c for c in iter_chunks(victim) if c.kind == CHUNK_END]
+    with open(victim, "r+b") as f:      # the END chunk is the file's last: cut it off as a SIGKILL would
+        f.truncate(end.offset)
+    assert main(["report", str(cap), "-o", str(tmp_path / "rep"), "--no-figures", "--no-perfetto"]) == 0
+    out = capsys.readouterr().out
+    s = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    (e,) = s["losses"]["ended_early"]
+    assert s["losses"]["incomplete_processes"] == [e["process"]]
+    assert e["path"] and e["last_event_ns"] is not None and e["last_event_ns"] > 0
+    assert re.search(rf"ended early: pid {e['pid']}\b.*no END record.*last event at \+", out), out

@@ -40,7 +40,8 @@
  * be seen.  The tracer then sees the registration without IOMEMORY; it knows
  * the page as a UAR (or its proxy) from mlx5dv_devx_alloc_uar anyway.
  *
- * SIGMATRACE_EMU_DEBUG (any value) prints one line per rewritten call. */
+ * SIGMATRACE_EMU_DEBUG (any value) prints one line per IoMemory registration
+ * (rewritten or why not); 3 also every cu* name looked up through dlsym. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -122,16 +123,31 @@ static unsigned fix_flags(void *p, size_t size, unsigned flags)
 		return flags;
 	if (!uar_contains) {
 		init_next_dlsym();
+		void *verbs = NULL;
 		if (next_dlsym)
 			uar_contains = (int (*)(const void *, size_t))next_dlsym(RTLD_DEFAULT, "emu_uar_contains");
+		/* NVSHMEM's transport opens libibverbs.so.1 RTLD_LOCAL: RTLD_DEFAULT
+		 * does not see it, the library's own handle does */
+		if (!uar_contains && next_dlsym && (verbs = dlopen("libibverbs.so.1", RTLD_LAZY | RTLD_NOLOAD))) {
+			uar_contains = (int (*)(const void *, size_t))next_dlsym(verbs, "emu_uar_contains");
+			dlclose(verbs); /* NOLOAD took a reference; the library stays loaded by its opener */
+		}
 	}
-	if (!uar_contains)
+	if (!uar_contains) {
+		if (getenv("SIGMATRACE_EMU_DEBUG"))
+			fprintf(stderr, "[st-emu-cudashim %d] cuMemHostRegister(%p, %zu, 0x%x): no emulated HCA found, "
+				"passed on unchanged\n", (int)getpid(), p, size, flags);
 		return flags; /* no emulated HCA in this process */
+	}
 	const char *mode = getenv("SIGMATRACE_EMU_CUDASHIM");
 	int uar = uar_contains(p, size);
 	int ram = !uar && !(mode && !strcmp(mode, "uar")) && is_ram(p, size);
-	if (!uar && !ram)
+	if (!uar && !ram) {
+		if (getenv("SIGMATRACE_EMU_DEBUG"))
+			fprintf(stderr, "[st-emu-cudashim %d] cuMemHostRegister(%p, %zu, 0x%x): neither an emulated UAR nor "
+				"ordinary memory, passed on unchanged\n", (int)getpid(), p, size, flags);
 		return flags;
+	}
 	__atomic_fetch_add(uar ? &rewrites : &rewrites_ram, 1, __ATOMIC_RELAXED);
 	if (getenv("SIGMATRACE_EMU_DEBUG"))
 		fprintf(stderr, "[st-emu-cudashim %d] cuMemHostRegister(%p, %zu, 0x%x): %s, registered without IOMEMORY\n",
@@ -166,8 +182,17 @@ static CUresult shim_reg_v1(void *p, unsigned size, unsigned flags)
  * wrapper in its place where it is one we wrap. */
 static void swap_result(const char *sym, int ver, void **pfn);
 
+/* SIGMATRACE_EMU_DEBUG=3: every cu* name looked up, to find the way a library reaches the driver. */
+static int debug_names(void)
+{
+	const char *d = getenv("SIGMATRACE_EMU_DEBUG");
+	return d && atoi(d) >= 3;
+}
+
 static CUresult shim_gpa_v2(const char *sym, void **pfn, int ver, uint64_t flags, int *status)
 {
+	if (sym && debug_names() && strstr(sym, "HostRegister"))
+		fprintf(stderr, "[st-emu-cudashim %d] cuGetProcAddress_v2(%s, %d)\n", (int)getpid(), sym, ver);
 	if (!real_gpa_v2)
 		return 500; /* CUDA_ERROR_NOT_FOUND */
 	CUresult r = real_gpa_v2(sym, pfn, ver, flags, status);
@@ -233,6 +258,23 @@ EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, uint64_t 
 	return shim_gpa_v1(sym, pfn, ver, flags);
 }
 
+/* A program or library linked with the shared libcudart reaches the driver
+ * from inside libcudart, whichever way; wrapping the runtime's entry point as
+ * well covers a libcudart that binds its driver calls so that none of the
+ * ways above sees them.  (A statically linked cudart is covered only by
+ * those.)  cudaHostRegisterIoMemory has the driver flag's value. */
+EXPORT int cudaHostRegister(void *p, size_t size, unsigned flags)
+{
+	static int (*real)(void *, size_t, unsigned);
+	if (!real) {
+		init_next_dlsym();
+		keep((void **)&real, next_dlsym ? next_dlsym(RTLD_NEXT, "cudaHostRegister") : NULL);
+		if (!real)
+			return 3; /* cudaErrorInitializationError: no runtime below */
+	}
+	return real(p, size, fix_flags(p, size, flags));
+}
+
 /* How many registrations were rewritten (tests): of emulated UARs, of other RAM. */
 EXPORT unsigned long sigmatrace_emu_cudashim_rewrites(void) { return __atomic_load_n(&rewrites, __ATOMIC_RELAXED); }
 EXPORT unsigned long sigmatrace_emu_cudashim_rewrites_ram(void) { return __atomic_load_n(&rewrites_ram, __ATOMIC_RELAXED); }
@@ -267,6 +309,8 @@ static int wrapped_name(const char *n)
 EXPORT void *dlsym(void *handle, const char *name)
 {
 	init_next_dlsym();
+	if (name[0] == 'c' && name[1] == 'u' && debug_names())
+		fprintf(stderr, "[st-emu-cudashim %d] dlsym(%p, %s)\n", (int)getpid(), handle, name);
 	if (wrapped_name(name) && handle != RTLD_NEXT) {
 		void *real = next_dlsym(handle, name);
 		/* RTLD_DEFAULT finds our own exports: those are the wrappers already */

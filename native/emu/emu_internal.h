@@ -410,6 +410,10 @@ struct emu_nic {
 	struct emu_qp *qps[EMU_MAX_QP];
 	struct emu_cq *cqs[EMU_MAX_CQ];
 	struct emu_mr *mrs[EMU_MAX_MR];
+	/* every MR registered in this run, deregistered ones too, for the stats file (ground truth of the keys
+	 * a trace's remote accesses name); the first 64 of them */
+	struct emu_mr_log { uint32_t rkey; int gpu; uint64_t addr; size_t len; } mr_log[64];
+	int mr_log_n;
 	struct emu_umem *umems[EMU_MAX_UMEM];
 	struct emu_srq *srqs[256];
 	struct emu_uar *uars;

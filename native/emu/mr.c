@@ -66,6 +66,8 @@ static struct ibv_mr *mr_new(struct ibv_pd *pd, uint64_t iova, size_t len, int a
 	m->mr.lkey = m->mr.rkey = (idx << 8) | (++keytag);
 	m->valid = 1;
 	nic->mrs[idx] = m;
+	if (nic->mr_log_n < (int)(sizeof nic->mr_log / sizeof nic->mr_log[0]))
+		nic->mr_log[nic->mr_log_n++] = (struct emu_mr_log){ m->mr.rkey, gpu, m->addr, len };
 	pthread_mutex_unlock(&nic->lock);
 	return &m->mr;
 }

@@ -248,7 +248,14 @@ EXPORT void emu_stats_write(struct emu_nic *nic)
 			}
 		fprintf(f, "}");
 	}
-	fprintf(f, "}\n");
+	/* the memory regions registered in the run: what a remote key in a trace must name */
+	fprintf(f, ", \"mrs\": [");
+	for (int i = 0; i < nic->mr_log_n; i++) {
+		const struct emu_mr_log *m = &nic->mr_log[i];
+		fprintf(f, "%s{\"rkey\": %u, \"addr\": %llu, \"length\": %zu, \"gpu\": %d}", i ? ", " : "", m->rkey,
+			(unsigned long long)m->addr, m->len, m->gpu);
+	}
+	fprintf(f, "]}\n");
 	if (fclose(f) == 0)
 		rename(tmp, path);
 	else

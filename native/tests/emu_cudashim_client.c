@@ -8,6 +8,10 @@
  * (it refuses IoMemory on RAM like the real driver), with and without
  * LD_PRELOAD=libsigmatrace_emu_cudashim.so (native/emu/cudashim.c).
  *
+ * The verbs libraries are dlopen'ed, RTLD_GLOBAL by default and RTLD_LOCAL
+ * with --local: NVSHMEM's transport opens libibverbs.so.1 RTLD_LOCAL, where
+ * dlsym(RTLD_DEFAULT) cannot see the emulator's exports.
+ *
  * Output: "REG path=<p> result=<CUresult>" per registration, "STORE path=<p>
  * ok" when a device store through the mapping reached the UAR page, "REWRITES
  * n" / "REWRITES_RAM n" (the shim's counts of emulated UARs and of other
@@ -20,6 +24,8 @@
 
 #include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
+#undef ibv_get_device_list
+#undef ibv_open_device
 
 #include "emucuda.h"
 
@@ -46,17 +52,28 @@ static void try_path(const char *path, reg_fn reg, void *addr, size_t size)
 	*(volatile uint64_t *)addr = 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	int n = 0, dev;
-	struct ibv_device **l = ibv_get_device_list(&n);
+	int scope = argc > 1 && !strcmp(argv[1], "--local") ? RTLD_LOCAL : RTLD_GLOBAL;
+	void *verbs = dlopen("libibverbs.so.1", RTLD_NOW | scope), *mlx5 = dlopen("libmlx5.so.1", RTLD_NOW | scope);
+	if (!verbs || !mlx5)
+		FAIL("dlopen verbs: %s", dlerror());
+	struct ibv_device **(*get_list)(int *) = (struct ibv_device **(*)(int *))dlsym(verbs, "ibv_get_device_list");
+	struct ibv_context *(*open_dev)(struct ibv_device *) =
+		(struct ibv_context * (*)(struct ibv_device *)) dlsym(verbs, "ibv_open_device");
+	struct mlx5dv_devx_uar *(*alloc_uar)(struct ibv_context *, uint32_t) =
+		(struct mlx5dv_devx_uar * (*)(struct ibv_context *, uint32_t)) dlsym(mlx5, "mlx5dv_devx_alloc_uar");
+	if (!get_list || !open_dev || !alloc_uar)
+		FAIL("dlsym verbs");
+	struct ibv_device **l = get_list(&n);
 	if (!l || !n)
 		FAIL("no device");
-	struct ibv_context *ctx = ibv_open_device(l[0]);
+	struct ibv_context *ctx = open_dev(l[0]);
 	struct mlx5dv_devx_uar *u[3];
 	for (int i = 0; i < 3; i++)
-		if (!(u[i] = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_BF)))
+		if (!(u[i] = alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_BF)))
 			FAIL("alloc_uar");
 	void *pctx;
 	if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&pctx, dev) || cuCtxSetCurrent(pctx))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for real NVSHMEM (IBGDA) over the emulated HCA on one GPU, traced:
-#   bash native/tests/run_nvshmem.sh
+#   bash native/tests/run_nvshmem.sh            # build, pytest -m gpu tests/test_gpu_nvshmem.py, Fig. 4 benchmark
+#   BENCH=0 bash native/tests/run_nvshmem.sh    # skip the benchmark (ROUNDS, ITERS, OUT: its settings)
 # Needs: an NVIDIA GPU, nvcc, NVSHMEM 3.4.5 (NVSHMEM_HOME, or the nvidia-nvshmem wheel importable by python3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -14,4 +15,10 @@ if command -v nvidia-cuda-mps-control >/dev/null && ! pgrep -x nvidia-cuda-mps >
 fi
 trap '[ "$MPS_STARTED" = 1 ] && echo quit | nvidia-cuda-mps-control || true' EXIT
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
-PYTHONPATH="$ROOT:$ROOT/sim" python3 -m pytest -m gpu tests/test_gpu_nvshmem.py -q -rs -p no:cacheprovider -s
+rc=0
+PYTHONPATH="$ROOT:$ROOT/sim" python3 -m pytest -m gpu tests/test_gpu_nvshmem.py -q -rs -p no:cacheprovider -s || rc=$?
+if [ "${BENCH:-1}" != "0" ]; then
+  PYTHONPATH="$ROOT:$ROOT/sim" python3 benchmarks/bench_nvshmem.py --rounds "${ROUNDS:-5}" --iters "${ITERS:-5000}" \
+    --out "${OUT:-build/dev}/bench_nvshmem.json" || rc=$?
+fi
+exit "$rc"

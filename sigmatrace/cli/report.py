@@ -219,6 +219,10 @@ def print_summary(s, out, file=None):
     else:
         p(f"  drops/losses: {_n(L['dropped_events'], 'dropped event')}, {_n(L['lost_bytes'], 'byte')} lost from "
           f"files, {_n(L['wqe_lost_wqebbs'], 'WQEBB')} unrecovered, {_n(inc, 'incomplete process', 'incomplete processes')}")
+    for e in L.get("ended_early", [])[:20]:
+        who = f"pid {e['pid']}" + (f" (rank {e['rank']})" if e["rank"] >= 0 else "")
+        when = "no event recorded" if e["last_event_ns"] is None else f"last event at {rel(e['last_event_ns'])}"
+        p(f"  ended early: {who} {e['path']}: no END record (killed, or its file cut); {when}")
     for line in _clock_lines(s["clock"]):
         p(line)
     for w in s["warnings"][:20]:

@@ -100,6 +100,7 @@ def build_summary(corr, con=None, perfetto_stats=None):
         "lost_bytes": int(L["bytes"][L["kind"] == "file"].sum()) if len(L["kind"]) else 0,
         "wqe_lost_wqebbs": int(db_lost),
         "incomplete_processes": [int(i) for i in np.flatnonzero(~P["complete"])],
+        "ended_early": _ended_early(con, P),
         "items": _rows(con, "SELECT kind, process, path, bytes, count, detail FROM losses"),
     }
     C = T["clock"]
@@ -167,6 +168,18 @@ def _collectives(con, T):
             r["bytes"] += int(b)
         out["aggregate"] = [{"op": k, **v} for k, v in sorted(rows.items())]
     return out
+
+
+def _ended_early(con, P):
+    """The processes whose file has no END (killed, or cut): who they were and the time of their last recorded
+    event, so that a reader sees which rank stopped and when."""
+    early = [int(i) for i in np.flatnonzero(~P["complete"])]
+    if not early:
+        return []
+    last = dict(con.execute("SELECT process, max(ns) FROM events WHERE process IN (%s) GROUP BY process"
+                            % ",".join(map(str, early))).fetchall())
+    return [{"process": i, "pid": int(P["pid"][i]), "rank": int(P["rank"][i]), "path": str(P["path"][i]),
+             "last_event_ns": None if last.get(i) is None else int(last[i])} for i in early]
 
 
 def _labelled(sk, labels, keys):

@@ -34,6 +34,11 @@ nvcc -O2 -std=c++17 -arch=sm_90 -rdc=true -I"$HOME_NVSH/include" native/tests/nv
   -L"$LINKDIR" -L"$LIB" -lnvshmem_host -lnvshmem_device -lcudart -Xlinker=-rpath="$LIB" >"$WORK/nvcc.log" 2>&1 \
   || { log "nvcc failed"; tail -30 "$WORK/nvcc.log"; exit 1; }
 ls "$LIB" >"$WORK/nvshmem-lib.txt"
+# how the transport reaches verbs and the CUDA runtime (a static cudart binds its driver calls itself)
+for so in "$LIB"/nvshmem_transport_ibgda.so* "$LIB"/libnvshmem_host.so.3; do
+  [ -f "$so" ] && { echo "== $so"; ldd "$so"; nm -D --defined-only "$so" 2>/dev/null | grep -c ' cuda' ;
+    nm -D --undefined-only "$so" 2>/dev/null | grep -i 'cudaHostRegister\|dlopen\|dlsym'; }
+done >"$WORK/nvshmem-deps.txt" 2>&1
 
 MPS_STARTED=0
 if command -v nvidia-cuda-mps-control >/dev/null && ! pgrep -x nvidia-cuda-mps >/dev/null 2>&1; then
@@ -66,7 +71,8 @@ for step in $STEPS; do
       [ "$handler" = gpu ] && pre+=("$EMU/libsigmatrace_emu_cudashim.so")
       if [ "$traced" = traced ]; then
         pre+=("$ROOT/$BUILD/libsigmatrace.so")
-        export SIGMATRACE_OUTPUT_DIR="$d/trace" SIGMATRACE_MODE=full
+        # simple by default: full mode records every empty poll of NVSHMEM's proxy thread (F3), 5 M events/s
+        export SIGMATRACE_OUTPUT_DIR="$d/trace" SIGMATRACE_MODE="${TRACE_MODE:-simple}"
       fi
       [ "${#pre[@]}" -gt 0 ] && export LD_PRELOAD="${pre[*]}"
       exec timeout -s KILL "$STEP_TIMEOUT" "${NS[@]}" "$BIN" "$pe" 2 "$d/uid.bin" "$ITERS" "$WARMUP" 8
