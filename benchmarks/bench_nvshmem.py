@@ -42,6 +42,7 @@ def measure(rounds=5, iters=5000, warmup=500, handlers=("gpu", "cpu_host_memory"
     out = {"iters": iters, "warmup": warmup, "rounds": rounds, "handlers": {}}
     for handler in handlers:
         samples = {m: {op: [] for op in OPS} for m in MODES}
+        failures = {}
         for r in range(rounds):
             for mode in MODES:                      # interleaved: each round runs every mode once
                 tmp = work / f"{handler}-{mode}-{r}"
@@ -49,23 +50,83 @@ def measure(rounds=5, iters=5000, warmup=500, handlers=("gpu", "cpu_host_memory"
                 traced = mode != "baseline"
                 outs, _, _ = T.run_pes(binary, tmp, handler, traced, f"bnv{os.getpid()}{r}{mode[:3]}{handler[:3]}",
                                        iters=iters, warmup=warmup, hijack_mode=mode if traced else None,
-                                       timeout=300)
+                                       timeout=90)
                 text = "\n".join(o for _, o in outs)
                 if not all(rc == 0 for rc, _ in outs) or text.count("RESULT OK") != 2:
-                    raise RuntimeError(f"{handler} {mode} round {r} failed: {text[-3000:]}")
+                    # counted and reported, never folded into the latency figures
+                    failures.setdefault(mode, []).append({"round": r, "rc": [rc for rc, _ in outs]})
+                    log(f"{handler} round {r} {mode}: FAILED rc={[rc for rc, _ in outs]}")
+                    continue
                 lat = T.lat_lines(text)
                 for op in OPS:
                     samples[mode][op].append(lat[op])
                 log(f"{handler} round {r} {mode}: " + " ".join(f"{op}={lat[op]}" for op in OPS))
-        med = {m: {op: statistics.median(v) for op, v in ops.items()} for m, ops in samples.items()}
+        med = {m: {op: statistics.median(v) if v else float("nan") for op, v in ops.items()} for m, ops in samples.items()}
         base = med["baseline"]
         out["handlers"][handler] = {
             "median_p50_ns": med,
             "ratio": {m: {op: med[m][op] / base[op] for op in OPS} for m in MODES},
             "added_ns": {m: {op: med[m][op] - base[op] for op in OPS} for m in MODES},
             "samples_p50_ns": samples,
+            "failed_runs": failures,
         }
     return out
+
+
+def trace_digest(trace, nic=None):
+    """What a traced run left: per process and QP the doorbells, the last producer index, whether every WQE
+    was recovered, and the operations by opcode -- to tell a doorbell the tracer saw but did not forward from
+    one the program never rang."""
+    from collections import Counter
+
+    from sigmatrace.correlate import correlate
+    corr = correlate(trace, workers=2)
+    db, ops, P = corr.tables["doorbells"], corr.tables["ops"], corr.tables["processes"]
+    out = {"complete": P["complete"].tolist(), "pid": P["pid"].tolist(), "qps": [], "ops": {}}
+    for key in sorted(set(zip(db["process"].tolist(), db["qpn"].tolist()))):
+        m = (db["process"] == key[0]) & (db["qpn"] == key[1])
+        out["qps"].append({"process": key[0], "qpn": hex(key[1]), "doorbells": int(m.sum()),
+                           "last_pi": int(db["pi_unwrapped"][m].max()), "all_complete": bool(db["complete"][m].all())})
+    for i in range(len(P["pid"])):
+        out["ops"][int(P["pid"][i])] = dict(Counter(int(c) for c in ops["opcode"][ops["process"] == i]))
+    return out
+
+
+def stress(mode, runs=10, iters=5000, warmup=500, handler="cpu_host_memory", timeout=45, keep=None, log=print):
+    """`runs` traced runs in `mode`, interleaved with as many untraced ones: how many end, how many hang
+    (terminated after `timeout` s); for each hang, both PEs' output tails and the trace's digest."""
+    import test_gpu_nvshmem as T
+    if T.REASON:
+        return {"skipped": T.REASON}
+    work = Path(tempfile.mkdtemp(prefix="stress-nvshmem"))
+    binary = T.build(work)
+    os.environ.setdefault("SIGMATRACE_POLLER_SPIN_US", "-1")
+    os.environ.setdefault("SIGMATRACE_EMU_NIC_SPIN", "1")
+    res = {"mode": mode, "handler": handler, "iters": iters, "runs": runs, "ok": {}, "hung": {}, "failures": []}
+    for r in range(runs):
+        for m in ("baseline", mode):
+            tmp = work / f"{m}-{r}"
+            tmp.mkdir()
+            traced = m != "baseline"
+            outs, trace, nic = T.run_pes(binary, tmp, handler, traced, f"snv{os.getpid()}{r}{m[:3]}", iters=iters,
+                                         warmup=warmup, hijack_mode=mode if traced else None, timeout=timeout)
+            text = "\n".join(o for _, o in outs)
+            good = all(rc == 0 for rc, _ in outs) and text.count("RESULT OK") == 2
+            res["ok" if good else "hung"][m] = res["ok" if good else "hung"].get(m, 0) + 1
+            log(f"{m} run {r}: {'ok' if good else 'FAILED'} rc={[rc for rc, _ in outs]}")
+            if not good:
+                f = {"run": r, "mode": m, "rc": [rc for rc, _ in outs],
+                     "tails": [o[-2500:] for _, o in outs], "lat": T.lat_lines(text)}
+                if traced:
+                    try:
+                        f["trace"] = trace_digest(trace)
+                    except Exception as e:      # the digest is a diagnosis: its failure is reported, not fatal
+                        f["trace"] = f"digest failed: {e!r}"
+                res["failures"].append(f)
+                if keep:
+                    Path(keep).mkdir(parents=True, exist_ok=True)
+                    Path(keep, f"fail-{m}-{r}.txt").write_text((tmp / "output.txt").read_text()[-400000:])
+    return res
 
 
 @pytest.mark.gpu
@@ -84,7 +145,18 @@ def main():
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--handlers", default="gpu,cpu_host_memory")
     ap.add_argument("--out")
+    ap.add_argument("--stress", metavar="MODE", help="hang hunt: --runs traced runs in MODE beside untraced ones")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--handler", default="cpu_host_memory")
+    ap.add_argument("--keep", help="directory for the whole output of failed runs")
     a = ap.parse_args()
+    if a.stress:
+        r = stress(a.stress, a.runs, a.iters, a.warmup, a.handler, keep=a.keep, log=lambda s: print(s, flush=True))
+        s = json.dumps(r, indent=1, default=str)
+        print(s)
+        if a.out:
+            Path(a.out).write_text(s)
+        return
     r = measure(a.rounds, a.iters, a.warmup, tuple(a.handlers.split(",")), log=lambda s: print(s, flush=True))
     s = json.dumps({k: v for k, v in r.items()}, indent=1)
     if a.out:

@@ -284,18 +284,23 @@ def test_nvshmem_pe_killed_mid_run(binary, tmp_path):
     corr = correlate(trace, workers=1)
     P, db = corr.tables["processes"], corr.tables["doorbells"]
     assert len(P["pid"]) == 2, P
-    by_pid = {int(p): i for i, p in enumerate(P["pid"])}
     pe1 = [i for i, p in enumerate(P["pid"]) if int(p) != int(nic.get(0, {}).get("pid", -1))]
     assert len(pe1) == 1, (P["pid"], nic.keys())
     assert not bool(P["complete"][pe1[0]]), "the killed PE's trace reads as complete"
     assert (db["process"] == pe1[0]).sum() > 0, "none of the killed PE's doorbells survived"
+    L = corr.tables["losses"]
+    assert [int(p) for k, p in zip(L["kind"], L["process"]) if k == "incomplete_process"] == pe1, L
+    try:
+        import duckdb  # noqa: F401  (the report's query engine; the GPU machine's venv may lack it)
+    except ImportError:
+        print("NVSHMEM_KILLED report not built: duckdb is not installed here")
+        return
     _, summary, _ = build_report(trace, tmp_path / "rep", workers=1, figures=False, perfetto=False, quiet=True)
     assert summary["losses"]["incomplete_processes"] == [pe1[0]], summary["losses"]
     r = subprocess.run([sys.executable, "-m", "sigmatrace", "report", str(trace), "-o", str(tmp_path / "rep2"),
                         "--no-figures", "--no-perfetto"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "ended early" in r.stdout and str(int(P["pid"][pe1[0]])) in r.stdout, r.stdout[-3000:]
-    assert by_pid
+    assert f"ended early: pid {int(P['pid'][pe1[0]])}" in r.stdout, r.stdout[-3000:]
 
 
 @pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
