@@ -112,6 +112,30 @@ def test_full_mode_progress_and_completions(tmp_path):
     # every send either completed in place or was reported done later
     done = cap.table("UCP_REQUEST_DONE")
     assert np.count_nonzero(done["process"] == cli.index) >= 1
+    # the timeline draws each run of idle progress calls as one slice: every call in one slice, far fewer slices
+    # than calls, so a progress loop does not fill the window before the sends (all 50 drawn)
+    from perfetto_util import read_trace
+    from sigmatrace.correlate import correlate
+    from sigmatrace.export.perfetto import write_perfetto
+    prog = cap.table("UCP_WORKER_PROGRESS")
+    idle = int(np.count_nonzero(prog["returned"] == 0))
+    busy = len(prog["returned"]) - idle
+    corr = correlate(out, workers=1)
+    n_ev = int(np.count_nonzero((np.asarray(corr.tables["events"]["type"]) >> 8) != E.LAYER_TRACE))
+    st = write_perfetto(corr, tmp_path / "t.pftrace", max_events=max(200, n_ev // 4))
+    assert not st["truncated"], st
+    calls, slices, sends = 0, 0, 0
+    for p in read_trace(tmp_path / "t.pftrace").packet:
+        te = p.track_event
+        if p.HasField("track_event") and te.type == te.TYPE_SLICE_BEGIN and te.name.startswith("UCP_WORKER_PROGRESS"):
+            ann = {a.name: a.int_value for a in te.debug_annotations}
+            if ann["aux"] == 0:
+                calls += ann.get("calls", 1)
+                slices += 1
+                assert te.name.endswith(" (idle)") == ("calls" in ann)
+        sends += p.HasField("track_event") and te.type == te.TYPE_SLICE_BEGIN and te.name == "UCP_TAG_SEND"
+    assert calls == idle > 10 * slices, (calls, idle, slices, busy)
+    assert sends == 50
 
 
 @needs

@@ -431,9 +431,12 @@ def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables):
     rows = R.map("perfetto", shard.window_rows,
                  [(parts[k], ctx5_f, g[k], cut, truncated, host_cut,
                    [q for q in top if g[k]["qp_range"][0] <= q < g[k]["qp_range"][1]]) for k in active])
-    hc = HostCollector(K)
-    ev_t = [h for h, *_ in rows if h is not None and len(h["ns"])]
-    ev_t = {c: np.concatenate([h[c] for h in ev_t]) for c in ev_t[0]} if ev_t else hc.result()[0]
+    hc = HostCollector(None)      # in part order: joins a run of idle polls cut where a process was split
+    for h, *_ in rows:
+        if h is not None and len(h["ns"]):
+            hc.add(h)
+    ev_t = hc.result()[0]
+    n_host -= hc.joined
     dbs = [d for _, d, *_ in rows]
     D = {c: np.concatenate([d[c] for d in dbs]) for c in dbs[0]}
     drawn_parts = [(c, d) for _, _, c, d, _ in rows if c is not None]

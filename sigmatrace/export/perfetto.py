@@ -6,7 +6,10 @@ Tracks:
  * one process track per traced process (pid, "rank N @ host"), one thread
    track per thread; host calls (verbs, DevX, CUDA, UCX, OFI events) are slices
    on their thread (each lasts until the thread's next event, at most 1 µs —
-   the tracer records entry times only);
+   the tracer records entry times only); a run of idle polls on a thread
+   (ucp_worker_progress / fi_cq_read that found nothing) is one slice
+   "<call> (idle)" with annotation ``calls``, so a progress loop does not
+   fill the window (tables.host_events);
  * per node a "node" track holding per-GPU tracks, each GPU track holding its
    QP tracks; doorbells are instant events on the GPU track, each operation an
    instant event on its QP track, with debug annotations (opcode, bytes,
@@ -217,8 +220,12 @@ def _emit_chunk(arg):
             if u is None:
                 u = S["proc_uuid"][int(ev_t["process"][i])][0]
             nm = names[min(int(ev_t["type"][i]), len(names) - 1)]
-            out.ev(ev_t["ns"][i], u, P.TrackEvent.TYPE_SLICE_BEGIN, nm, cat="host",
-                   ann=[("obj", int(ev_t["obj"][i])), ("aux", int(ev_t["aux"][i])), ("arg", int(ev_t["arg"][i]))])
+            ann = [("obj", int(ev_t["obj"][i])), ("aux", int(ev_t["aux"][i])), ("arg", int(ev_t["arg"][i]))]
+            calls = int(ev_t["calls"][i])
+            if calls > 1:             # idle polls in a row (tables.host_events): one slice, how many in it
+                nm = nm + " (idle)"
+                ann.append(("calls", calls))
+            out.ev(ev_t["ns"][i], u, P.TrackEvent.TYPE_SLICE_BEGIN, nm, cat="host", ann=ann)
             out.ev(ev_t["ns"][i] + dur[i], u, P.TrackEvent.TYPE_SLICE_END)
             st["slices"] += 1
     elif kind == "doorbells":
@@ -456,8 +463,9 @@ def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, win
         key = ev_t["process"] * (1 << 20) + ev_t["thread"]
         nxt = np.append(ev_t["ns"][1:], 0)
         same = np.append(key[1:] == key[:-1], False)
-        dur = np.where(same, np.minimum(nxt - ev_t["ns"], 1000), 1000)
-        dur = np.maximum(dur, 1)
+        end = ev_t["end_ns"]          # a run of idle polls: from its first call to its last one's end
+        dur = np.where(same, np.minimum(nxt - end, 1000), 1000)
+        dur = np.maximum(dur, 1) + (end - ev_t["ns"])
         hs = in_window(ev_t["ns"], cut, win.truncated, max_events)
         names = np.array([E.name_of(t) for t in range(E.TYPE_RANGE)], dtype=object)
     D = win.doorbells

@@ -171,6 +171,9 @@ EVENTS = [
 
 BY_NAME = {e.name: e for e in EVENTS}
 BY_VALUE = {e.value: e for e in EVENTS}
+# Polls that return how much they found (aux): with aux 0 the call found nothing.  A progress loop makes
+# millions of these between two operations; the timeline draws each run of them on a thread as one slice.
+IDLE_POLLS = (BY_NAME["UCP_WORKER_PROGRESS"].value, BY_NAME["OFI_CQ_READ"].value)
 EXT = BY_NAME["EXT"].value
 DROPS = BY_NAME["DROPS"].value
 

@@ -5,46 +5,122 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..format.events import IDLE_POLLS
+
 HOST_LAYERS = (0x01, 0x02, 0x03, 0x05, 0x06, 0x07)
-_HOST_KEYS = ("process", "thread", "ns", "type", "aux", "obj", "arg")
+# calls: how many calls the row stands for; end_ns: when the last of them started (a run of idle polls, below)
+_HOST_KEYS = ("process", "thread", "ns", "type", "aux", "obj", "arg", "calls", "end_ns")
 _HOST_LUT = np.zeros(1 << 16, bool)
 for _t in range(1 << 16):
     _HOST_LUT[_t] = (_t >> 8) in HOST_LAYERS
+_IDLE_LUT = np.zeros(1 << 16, bool)
+_IDLE_LUT[list(IDLE_POLLS)] = True
+
+
+def _rows(cols, m):
+    """The host rows ``m`` of a batch as _HOST_KEYS columns (a batch of the capture has no calls/end_ns)."""
+    b = {c: np.asarray(cols[c])[m].astype(np.int64 if c != "arg" else np.uint64)
+         for c in _HOST_KEYS if c in cols or c not in ("calls", "end_ns")}
+    if "calls" not in b:
+        b["calls"] = np.ones(len(b["ns"]), np.int64)
+        b["end_ns"] = b["ns"].copy()
+    return b
 
 
 class HostCollector:
     """Host-layer events the Perfetto export may draw, collected from a stream of batches.
 
+    Idle polls (``format.events.IDLE_POLLS`` with aux 0: ucp_worker_progress or fi_cq_read that found
+    nothing): a run of them on one thread, with nothing else of that thread between, becomes one row
+    (``calls``: how many, ``end_ns``: the last one's start).  UCX's progress loop makes millions of them
+    between two operations; drawn one by one they fill the window before the first operation.  A run that
+    reaches the end of a batch is held (one row per thread) and goes on in the next batch, so the rows do
+    not depend on how the stream is cut; re-adding collapsed rows (parts merged) joins runs cut at parts.
+
     The export draws one time window for every kind of event: the ``max_events`` earliest ones across host
-    calls, doorbells and operations (``write_perfetto``).  So at most the ``max_events`` earliest host events
+    calls, doorbells and operations (``write_perfetto``).  So at most the ``max_events`` earliest host rows
     (by ns, all processes together) can be drawn, and only those are kept: the buffer is cut back to them
     (``np.argpartition``) whenever it holds twice as many, which bounds memory whatever the capture's size.
+    ``max_events`` None keeps every row.
     """
 
     def __init__(self, max_events):
-        self.budget = max(0, int(max_events))
-        self.total = 0
+        self.budget = None if max_events is None else max(0, int(max_events))
+        self.total = 0          # rows (after joining runs)
+        self.rows_in = 0        # rows added (calls of the capture, or rows of parts being merged)
         self.buf = []
         self.nbuf = 0
+        self.held = {}          # thread key -> the run that reached the end of the last batch (one row)
 
     def add(self, cols):
-        if not len(cols["tsc"]):
+        ns = cols["ns"] if "ns" in cols else cols["tsc"]
+        if not len(ns):
             return
         m = _HOST_LUT[np.asarray(cols["type"]).astype(np.int64) & 0xFFFF]
-        k = int(np.count_nonzero(m))
-        self.total += k
-        if not k or not self.budget:
+        if not m.any():
             return
-        self.buf.append({c: np.asarray(cols[c])[m].astype(np.int64 if c != "arg" else np.uint64) for c in _HOST_KEYS})
+        self.rows_in += int(np.count_nonzero(m))
+        b = self._join(_rows(cols, m))
+        k = len(b["ns"])
+        self.total += k
+        if not k or self.budget == 0:
+            return
+        self.buf.append(b)
         self.nbuf += k
-        if self.nbuf > 2 * self.budget + (1 << 16):
+        if self.budget is not None and self.nbuf > 2 * self.budget + (1 << 16):
             self._compact()
+
+    def _join(self, b):
+        """Runs of idle polls joined (with the held ones); rows in stream order, a thread's open run held."""
+        key = b["process"] * (1 << 32) + b["thread"]
+        if self.held:
+            present = set(np.unique(key).tolist()) & self.held.keys()
+            if present:     # a held run goes first on its thread (counted when it comes out)
+                held = [self.held.pop(q) for q in sorted(present)]
+                b = {c: np.concatenate([np.concatenate([h[c] for h in held]), b[c]]) for c in _HOST_KEYS}
+                key = b["process"] * (1 << 32) + b["thread"]
+        o = np.argsort(key, kind="stable")      # a thread's rows together, held run first, in stream order
+        k, idle = key[o], _IDLE_LUT[b["type"][o] & 0xFFFF] & (b["aux"][o] == 0)
+        ty, ob = b["type"][o], b["obj"][o]
+        same = np.r_[False, k[1:] == k[:-1]]
+        cont = same & idle & np.r_[False, idle[:-1]] & np.r_[False, (ty[1:] == ty[:-1]) & (ob[1:] == ob[:-1])]
+        heads = np.flatnonzero(~cont)
+        out = {c: b[c][o[heads]] for c in _HOST_KEYS}
+        out["calls"] = np.add.reduceat(b["calls"][o], heads)
+        out["end_ns"] = np.maximum.reduceat(b["end_ns"][o], heads)
+        # the last row of each thread: an idle run is held for the next batch
+        last_row = np.r_[k[1:] != k[:-1], True]
+        last = last_row[np.r_[heads[1:] - 1, len(k) - 1]] if len(heads) else np.zeros(0, bool)
+        hold = last & idle[heads]
+        for j in np.flatnonzero(hold).tolist():
+            self.held[int(k[heads[j]])] = {c: out[c][j:j + 1] for c in _HOST_KEYS}
+        pos = o[heads][~hold]
+        out = {c: v[~hold] for c, v in out.items()}
+        r = np.argsort(pos, kind="stable")      # back in stream order
+        return {c: v[r] for c, v in out.items()}
+
+    @property
+    def joined(self):
+        """Rows added that went into another row: merging parts' rows, the runs cut at part boundaries."""
+        self._close()
+        return self.rows_in - self.total
+
+    def _release(self):
+        """The held runs into the buffer (the stream has ended)."""
+        if self.held:
+            held = list(self.held.values())
+            self.held = {}
+            b = {c: np.concatenate([h[c] for h in held]) for c in _HOST_KEYS}
+            self.total += len(b["ns"])
+            if self.budget != 0:
+                self.buf.append(b)
+                self.nbuf += len(b["ns"])
 
     def _compact(self):
         if not self.buf:
             return
         b = {c: np.concatenate([x[c] for x in self.buf]) for c in _HOST_KEYS} if len(self.buf) > 1 else self.buf[0]
-        if len(b["ns"]) > self.budget:
+        if self.budget is not None and len(b["ns"]) > self.budget:
             # the budget earliest, ties at the last one included (the window's cut keeps ties of every kind),
             # in stream order
             keep = np.flatnonzero(b["ns"] <= np.partition(b["ns"], self.budget - 1)[self.budget - 1])
@@ -52,28 +128,29 @@ class HostCollector:
         self.buf, self.nbuf = [b], len(b["ns"])
 
     def _close(self):
+        self._release()
         self._compact()
 
     @property
     def done(self):
-        """The kept events (one batch of columns, or none): what a worker hands back for merging."""
-        self._compact()
+        """The kept rows (one batch of columns, or none): what a worker hands back for merging."""
+        self._close()
         return list(self.buf)
 
     def result(self):
-        self._compact()
+        self._close()
         if self.buf:
             return dict(self.buf[0]), self.total
-        return {c: np.zeros(0, np.int64) for c in _HOST_KEYS}, self.total
+        return {c: np.zeros(0, np.int64 if c != "arg" else np.uint64) for c in _HOST_KEYS}, self.total
 
 
 def host_events(corr, max_events):
-    """(columns, total count) of the host-layer events the export may draw."""
+    """(columns, total count) of the host-layer rows the export may draw (runs of idle polls joined)."""
     T = corr.tables
     if getattr(corr, "events_loaded", True):
-        ev = T["events"]
-        m = _HOST_LUT[np.asarray(ev["type"]).astype(np.int64) & 0xFFFF]
-        return {c: np.asarray(ev[c])[m] for c in _HOST_KEYS}, int(m.sum())
+        hc = HostCollector(None)
+        hc.add(T["events"])
+        return hc.result()
     got = getattr(corr, "_host", None)
     if got is not None and got[0] == max_events:
         return got[1]

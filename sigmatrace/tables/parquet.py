@@ -333,7 +333,8 @@ def _event_results(corr, results, collect_host):
                 d["tsc"] = d["ns"]
                 hc.add(d)
         cols, _ = hc.result()
-        corr._host = (collect_host, (cols, total))
+        # a run of idle polls cut where a process's events were split into parts came as two rows
+        corr._host = (collect_host, (cols, total - hc.joined))
     return n
 
 

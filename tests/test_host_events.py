@@ -1,0 +1,98 @@
+"""The host rows the Perfetto window draws (sigmatrace.tables.host_events): runs of idle polls joined into one
+row per run, the same however the event stream is cut into batches or parts."""
+import numpy as np
+import pytest
+
+from sigmatrace.format import events as E
+from sigmatrace.tables.host_events import HostCollector
+
+pytestmark = pytest.mark.sim
+
+PROGRESS, CQ_READ, TAG_SEND = E.value("UCP_WORKER_PROGRESS"), E.value("OFI_CQ_READ"), E.value("UCP_TAG_SEND")
+
+
+def stream(seed=1, n=3000):
+    """Events of 3 threads of 2 processes, interleaved: mostly idle progress (2 workers), some that found
+    work, idle fi_cq_read, sends; per thread in time order."""
+    rng = np.random.default_rng(seed)
+    proc = rng.integers(0, 2, n)
+    thread = rng.integers(0, 2, n) * proc       # process 0: thread 0; process 1: threads 0, 1
+    kind = rng.choice(5, n, p=[0.88, 0.03, 0.04, 0.03, 0.02])
+    typ = np.choose(kind, [PROGRESS, PROGRESS, CQ_READ, TAG_SEND, PROGRESS])
+    aux = np.where(kind == 1, rng.integers(1, 4, n), 0)
+    obj = np.where(kind == 4, 7, 3)             # a second worker breaks a run
+    ns = np.arange(n, dtype=np.int64) * 10 + 1000
+    return dict(process=proc, thread=thread, ns=ns, tsc=ns.astype(np.uint64), type=typ, aux=aux, obj=obj,
+                arg=np.zeros(n, np.uint64))
+
+
+def reference(s):
+    """The rows by the definition, one event at a time."""
+    rows, open_run = [], {}
+    for i in range(len(s["ns"])):
+        key = (int(s["process"][i]), int(s["thread"][i]))
+        idle = int(s["type"][i]) in E.IDLE_POLLS and int(s["aux"][i]) == 0
+        r = open_run.get(key)
+        if idle and r is not None and (r["type"], r["obj"]) == (int(s["type"][i]), int(s["obj"][i])):
+            r["calls"] += 1
+            r["end_ns"] = int(s["ns"][i])
+            continue
+        row = dict(process=key[0], thread=key[1], ns=int(s["ns"][i]), type=int(s["type"][i]),
+                   aux=int(s["aux"][i]), obj=int(s["obj"][i]), calls=1, end_ns=int(s["ns"][i]))
+        rows.append(row)
+        open_run[key] = row if idle else None
+    return sorted(tuple(r.values()) for r in rows)
+
+
+def as_rows(cols):
+    return sorted(zip(*(cols[c].tolist() for c in ("process", "thread", "ns", "type", "aux", "obj", "calls",
+                                                   "end_ns"))))
+
+
+def batches(s, step):
+    n = len(s["ns"])
+    return [{k: v[a:a + step] for k, v in s.items()} for a in range(0, n, step)]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 64, 3000])
+def test_idle_runs_joined_whatever_the_batches(step):
+    s = stream()
+    want = reference(s)
+    hc = HostCollector(None)
+    for b in batches(s, step):
+        hc.add(b)
+    cols, total = hc.result()
+    assert as_rows(cols) == want and total == len(want)
+    assert int(cols["calls"].sum()) == len(s["ns"])             # every call in exactly one row
+    assert len(want) < len(s["ns"]) // 2                        # the stream has runs to join
+
+
+def test_parts_merged_join_the_runs_cut_between_them():
+    """A process's events split into parts (tables.parquet, cluster shards): each part's rows, merged in
+    part order, give the rows of the whole; the total is corrected by what was joined."""
+    s = stream(seed=2)
+    want = reference(s)
+    parts = []
+    for lo, hi in ((0, 911), (911, 912), (912, 2400), (2400, 3000)):
+        hc = HostCollector(None)
+        hc.add({k: v[lo:hi] for k, v in s.items()})
+        parts.append((hc.done, hc.total))
+    merged = HostCollector(None)
+    for done, _ in parts:
+        for d in done:
+            merged.add(d)
+    cols, _ = merged.result()
+    assert as_rows(cols) == want
+    assert sum(t for _, t in parts) - merged.joined == len(want)
+    assert merged.joined > 0                                   # a run crossed a cut
+
+
+def test_budget_keeps_the_earliest_rows():
+    s = stream(seed=3)
+    want = reference(s)
+    hc = HostCollector(40)
+    for b in batches(s, 5):
+        hc.add(b)
+    cols, total = hc.result()
+    cut = sorted(r[2] for r in want)[39]
+    assert total == len(want) and as_rows(cols) == [r for r in want if r[2] <= cut]
