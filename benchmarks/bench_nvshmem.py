@@ -16,6 +16,7 @@ the emulated NIC spin (the machine has cores to spare), in every mode alike.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -92,7 +93,8 @@ def trace_digest(trace, nic=None):
     return out
 
 
-def stress(mode, runs=10, iters=5000, warmup=500, handler="cpu_host_memory", timeout=45, keep=None, log=print):
+def stress(mode, runs=10, iters=5000, warmup=500, handler="cpu_host_memory", timeout=45, keep=None, log=print,
+           traced_only=False):
     """`runs` traced runs in `mode`, interleaved with as many untraced ones: how many end, how many hang
     (terminated after `timeout` s); for each hang, both PEs' output tails and the trace's digest."""
     import test_gpu_nvshmem as T
@@ -104,12 +106,14 @@ def stress(mode, runs=10, iters=5000, warmup=500, handler="cpu_host_memory", tim
     os.environ.setdefault("SIGMATRACE_EMU_NIC_SPIN", "1")
     res = {"mode": mode, "handler": handler, "iters": iters, "runs": runs, "ok": {}, "hung": {}, "failures": []}
     for r in range(runs):
-        for m in ("baseline", mode):
+        for m in ((mode,) if traced_only else ("baseline", mode)):
             tmp = work / f"{m}-{r}"
             tmp.mkdir()
             traced = m != "baseline"
+            # the emulated NIC dumps its QPs' and UARs' state when idle for 5 s (a hang's first clue)
             outs, trace, nic = T.run_pes(binary, tmp, handler, traced, f"snv{os.getpid()}{r}{m[:3]}", iters=iters,
-                                         warmup=warmup, hijack_mode=mode if traced else None, timeout=timeout)
+                                         warmup=warmup, hijack_mode=mode if traced else None, timeout=timeout,
+                                         extra_env={"SIGMATRACE_EMU_WATCHDOG_MS": "5000"})
             text = "\n".join(o for _, o in outs)
             good = all(rc == 0 for rc, _ in outs) and text.count("RESULT OK") == 2
             res["ok" if good else "hung"][m] = res["ok" if good else "hung"].get(m, 0) + 1
@@ -126,6 +130,8 @@ def stress(mode, runs=10, iters=5000, warmup=500, handler="cpu_host_memory", tim
                 if keep:
                     Path(keep).mkdir(parents=True, exist_ok=True)
                     Path(keep, f"fail-{m}-{r}.txt").write_text((tmp / "output.txt").read_text()[-400000:])
+                    for h in tmp.glob("hang-pe*.txt"):
+                        shutil.copy(h, Path(keep, f"fail-{m}-{r}-{h.name}"))
     return res
 
 
@@ -149,9 +155,11 @@ def main():
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--handler", default="cpu_host_memory")
     ap.add_argument("--keep", help="directory for the whole output of failed runs")
+    ap.add_argument("--traced-only", action="store_true", help="--stress without the interleaved untraced runs")
     a = ap.parse_args()
     if a.stress:
-        r = stress(a.stress, a.runs, a.iters, a.warmup, a.handler, keep=a.keep, log=lambda s: print(s, flush=True))
+        r = stress(a.stress, a.runs, a.iters, a.warmup, a.handler, keep=a.keep, log=lambda s: print(s, flush=True),
+                   traced_only=a.traced_only)
         s = json.dumps(r, indent=1, default=str)
         print(s)
         if a.out:

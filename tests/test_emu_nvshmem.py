@@ -12,6 +12,7 @@ the "GPU" with cuMemHostRegister(IoMemory), which the test-only shim
 (libsigmatrace_emu_cudashim.so) lets through where the driver refuses RAM as I/O memory
 (EMUCUDA_STRICT_IOMEMORY=1, as an H200 does).  See docs/emulator.md.
 """
+import re
 import subprocess
 
 import pytest
@@ -105,6 +106,25 @@ def test_nvshmem_sequence_host_memory(fabric, tmp_path):
     assert s["dc_key_violations"] == 1 and s["atomic_refused"] == 0, s
     assert s["dma_gpu_copies"] == 0 and s["dma_gpu_errors"] == 0, s
     assert s["db_stale_pi"] == 0 and s["db_pi_overrun"] == 0, s
+
+
+def test_watchdog_dumps_what_each_qp_was_told_and_did(fabric, tmp_path):
+    """SIGMATRACE_EMU_WATCHDOG_MS (the hang hunt's first clue): a NIC idle that long prints, per QP, the producer
+    index of its doorbell record, what doorbells announced and what it executed, and per UAR page the values
+    of its registers -- here after the CPU proxy's sequence, so the RC QP that carried it shows record =
+    announced = executed > 0 and a register holding its last doorbell; and writes the stats file."""
+    env = env_of(fabric, 1, gpu=True, strict=True, SIGMATRACE_EMU_WATCHDOG_MS="50",
+                 SIGMATRACE_EMU_STATS=f"{tmp_path}/emu-stats.%p.json")
+    p = run(["--pair", "--gpu", "--cpu-proxy", "--linger-ms", "400"], env)
+    last = p.stderr.rsplit("watchdog: no NIC work for", 1)[-1]      # the last idle stretch: the lingering end
+    qps = [m.groups() for m in re.finditer(r"watchdog: qp (0x[0-9a-f]+) type \d+ devx 1 state 3 uar (\d+): dbr_pi (\d+) "
+                                            r"announced (\d+) executed (\d+)", last)]
+    assert qps, p.stderr[-3000:]
+    busy = [q for q in qps if int(q[2]) > 0]
+    assert busy and all(q[2] == q[3] == q[4] for q in busy), busy
+    regs = re.findall(r"watchdog: uar (\d+) devx 1 regs now ([0-9a-f]{16})", last)
+    assert any(u == q[1] and v != "0" * 16 for u, v in regs for q in busy), (regs, busy)
+    assert read_emu_stats(tmp_path)
 
 
 @pytest.mark.parametrize("dmabuf", [False, True], ids=["reg_mr", "dmabuf"])

@@ -127,7 +127,7 @@ def pe_env(pe, handler, fabric, stats, trace=None, mode="simple", hijack_mode=No
 
 
 def run_pes(binary, tmp, handler, traced, fabric, iters=ITERS, warmup=WARMUP, mode="simple", hijack_mode=None,
-            dc=True, kill_pe1_after=None, timeout=PE_TIMEOUT):
+            dc=True, kill_pe1_after=None, timeout=PE_TIMEOUT, extra_env=None):
     """Both PEs, to the end (or killed after `timeout` s); `kill_pe1_after`: SIGKILL PE 1 once PE 0 printed a
     line starting with it.  (outputs [(rc, text)], trace dir, {pe: the emulated NIC's stats})."""
     emu = _emu()
@@ -139,6 +139,7 @@ def run_pes(binary, tmp, handler, traced, fabric, iters=ITERS, warmup=WARMUP, mo
     procs = []
     for pe in (0, 1):
         env = pe_env(pe, handler, fabric, stats, trace if traced else None, mode, hijack_mode, dc)
+        env.update(extra_env or {})
         argv = [str(binary), str(pe), "2", str(idf), str(iters), str(warmup), "8"]
         if (emu / "emu" / "st-emu-ns").exists() and os.geteuid() == 0:
             argv = [str(emu / "emu" / "st-emu-ns"), *argv]
@@ -156,6 +157,7 @@ def run_pes(binary, tmp, handler, traced, fabric, iters=ITERS, warmup=WARMUP, mo
         try:
             o, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            (tmp / f"hang-pe{i}.txt").write_text(snapshot(p.pid))
             p.terminate()          # the tracer's handler writes the trace out, then the signal ends it
             try:
                 o, _ = p.communicate(timeout=15)
@@ -174,6 +176,53 @@ def run_pes(binary, tmp, handler, traced, fabric, iters=ITERS, warmup=WARMUP, mo
         d = json.loads(f.read_text())
         nic[int(d["lid"]) - 16] = d
     return outs, trace, nic
+
+
+def _descendants(pid):
+    kids = {}
+    for st in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            f = st.read_text().rsplit(")", 1)[1].split()
+            kids.setdefault(int(f[1]), []).append(int(st.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def snapshot(pid):
+    """What a hung process tree is doing, for the hang hunt: per thread its name, state, kernel wait channel and
+    system call, and every thread's stack where gdb or eu-stack is installed."""
+    lines = []
+    for p in _descendants(pid):
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+        except OSError:
+            cmd = b"(gone)"
+        lines.append(f"== pid {p}: {cmd!r}")
+        for t in sorted(Path(f"/proc/{p}/task").glob("*"), key=lambda x: int(x.name)):
+            def rd(n):
+                try:
+                    return (t / n).read_text().strip()
+                except OSError:
+                    return "?"
+            f = rd("stat").rsplit(")", 1)[-1].split()
+            cpu = f"utime {f[11]} stime {f[12]} cpu {f[36]}" if len(f) > 36 else ""
+            lines.append(f"  tid {t.name} {rd('comm')!r} state {f[:1]} {cpu} wchan {rd('wchan')} "
+                         f"syscall {rd('syscall')[:60]}")
+        for tool in (["gdb", "-p", str(p), "-batch", "-ex", "thread apply all bt 25"], ["eu-stack", "-p", str(p)]):
+            if shutil.which(tool[0]):
+                try:
+                    r = subprocess.run(tool, capture_output=True, text=True, timeout=60)
+                    lines.append(r.stdout[-60000:] + r.stderr[-2000:])
+                except subprocess.TimeoutExpired:
+                    lines.append(f"{tool[0]} timed out")
+                break
+    return "\n".join(lines)
 
 
 def restart_mps():

@@ -65,6 +65,9 @@ static void nic_config(struct emu_nic *nic)
 	/* Busy-poll instead of sleeping when idle: for latency baselines on machines
 	 * with a core to spare (a sleeping NIC thread would set the baseline). */
 	nic->busy_poll = (e = getenv("SIGMATRACE_EMU_NIC_SPIN")) && *e && *e != '0';
+	/* A hang hunt: a NIC idle this long dumps what every QP and UAR holds (watchdog_dump) */
+	e = getenv("SIGMATRACE_EMU_WATCHDOG_MS");
+	nic->watchdog_ns = e && *e ? strtoull(e, NULL, 10) * 1000000ull : 0;
 	e = getenv("SIGMATRACE_EMU_BFREG");
 	nic->bfreg_share = !e ? 0 : !strcmp(e, "page") ? 1 : !strcmp(e, "word") ? 2 : 0;
 	e = getenv("SIGMATRACE_EMU_BF");
@@ -132,6 +135,43 @@ static int has_backlog(struct emu_nic *nic)
 	return 0;
 }
 
+/* The watchdog's dump (SIGMATRACE_EMU_WATCHDOG_MS, nic->lock held): for each QP what the application
+ * announced in its doorbell record, what the NIC was told by doorbells and what it executed, and for each
+ * UAR page the values its doorbell registers hold now beside those last sampled -- a doorbell rung but not
+ * seen, seen but not executed, or executed with nothing waiting, told apart.  Then the stats file, which a
+ * process ended by a signal would not write. */
+static void watchdog_dump(struct emu_nic *nic, uint64_t idle_ns)
+{
+	EMU_PRINT("watchdog: no NIC work for %llu ms; inbox head %llu tail %llu",
+		  (unsigned long long)(idle_ns / 1000000), (unsigned long long)nic->inbox->head,
+		  (unsigned long long)__atomic_load_n(&nic->inbox->tail, __ATOMIC_ACQUIRE));
+	for (int i = 0; i < nic->nq; i++) {
+		struct emu_qp *q = nic->qlist[i];
+		long dbr = q->dbrec ? (long)(emu_dma_load_be32(&q->dbrec[ST_MLX5_SND_DBR]) & 0xffff) : -1;
+		uint32_t page_id = 0;
+		for (struct emu_uar *u = nic->uars; u; u = u->next)
+			if (u->page == q->uar)
+				page_id = u->page_id;
+		EMU_PRINT("watchdog: qp 0x%x type %d devx %d state %d uar %u: dbr_pi %ld announced %u executed %u "
+			  "inflight %u pend %d db_seen 0x%x db_last %u %u %u %u",
+			  q->qpn, q->qp_type, q->devx, q->state, page_id, dbr,
+			  q->sq_announced & 0xffff, q->sq_exec & 0xffff, q->inflight_head - q->inflight_tail,
+			  q->pend != NULL, q->db_seen, q->db_last[0], q->db_last[1], q->db_last[2], q->db_last[3]);
+	}
+	for (struct emu_uar *u = nic->uars; u; u = u->next) {
+		if (u->cq_page)
+			continue;
+		uint64_t now[4];
+		for (int r = 0; r < 4; r++)
+			now[r] = __atomic_load_n((uint64_t *)(u->page + ST_MLX5_BF_OFFSET + 0x100 * r), __ATOMIC_ACQUIRE);
+		EMU_PRINT("watchdog: uar %u devx %d regs now %016llx %016llx %016llx %016llx sampled %016llx %016llx "
+			  "%016llx %016llx", u->page_id, u->devx, (unsigned long long)now[0], (unsigned long long)now[1],
+			  (unsigned long long)now[2], (unsigned long long)now[3], (unsigned long long)u->last[0],
+			  (unsigned long long)u->last[1], (unsigned long long)u->last[2], (unsigned long long)u->last[3]);
+	}
+	emu_stats_write(nic);
+}
+
 static void *nic_main(void *arg)
 {
 	struct emu_nic *nic = arg;
@@ -155,6 +195,13 @@ static void *nic_main(void *arg)
 			emu_liveness(nic);
 		}
 		int backlog = has_backlog(nic);
+		if (work || !nic->last_work_ns) {
+			nic->last_work_ns = now;
+			nic->watchdog_dumped = 0;
+		} else if (nic->watchdog_ns && !nic->watchdog_dumped && now - nic->last_work_ns > nic->watchdog_ns) {
+			nic->watchdog_dumped = 1;
+			watchdog_dump(nic, now - nic->last_work_ns);
+		}
 		pthread_mutex_unlock(&nic->lock);
 		if (work) {
 			idle = 0;

@@ -76,7 +76,7 @@
 #define SETUP(c, ...) do { if (!(c)) DIE(2, __VA_ARGS__); } while (0)
 #define OK(name) do { printf("CHECK %s ok\n", name); fflush(stdout); } while (0)
 
-static int g_gpu, g_dmabuf, g_dc, g_cpu_proxy, g_wrap, g_depth = 128;
+static int g_gpu, g_dmabuf, g_dc, g_cpu_proxy, g_wrap, g_depth = 128, g_linger_ms;
 
 /* PRM values NVSHMEM uses (ibgda.cpp; reference §4.2) */
 #define OPMOD_GEN_CUR    ((0 << 1) | 1)     /* MLX5_CAP_GENERAL, HCA_CAP_OPMOD_GET_CUR */
@@ -1279,7 +1279,8 @@ int main(int argc, char **argv)
 	static struct option lo[] = { { "caps", 0, 0, 'c' }, { "objects", 0, 0, 'o' }, { "pair", 0, 0, 'p' },
 				      { "rank", 1, 0, 'r' }, { "dir", 1, 0, 'd' }, { "gpu", 0, 0, 'g' },
 				      { "dmabuf", 0, 0, 'b' }, { "dc", 0, 0, 'x' }, { "depth", 1, 0, 'n' },
-				      { "cpu-proxy", 0, 0, 'P' }, { "wrap", 0, 0, 'w' }, { 0, 0, 0, 0 } };
+				      { "cpu-proxy", 0, 0, 'P' }, { "wrap", 0, 0, 'w' }, { "linger-ms", 1, 0, 'l' },
+				      { 0, 0, 0, 0 } };
 	int c;
 	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1)
 		switch (c) {
@@ -1294,6 +1295,7 @@ int main(int argc, char **argv)
 		case 'n': g_depth = atoi(optarg); break;
 		case 'P': g_cpu_proxy = 1; break;
 		case 'w': g_wrap = 1; break;
+		case 'l': g_linger_ms = atoi(optarg); break;
 		default: return 2;
 		}
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1321,6 +1323,8 @@ int main(int argc, char **argv)
 		errors(&a, &pb);
 		if (g_dc)
 			dc_ops(&a, &pb);
+		if (g_linger_ms) /* the NIC idles with every QP still up (its watchdog's test) */
+			usleep((useconds_t)g_linger_ms * 1000);
 		printf("RESULT OK pair gpu=%d dmabuf=%d dc=%d cpu_proxy=%d wrap=%d\n", g_gpu, g_dmabuf, g_dc, g_cpu_proxy, g_wrap);
 		return 0;
 	}
