@@ -116,7 +116,7 @@ def test_watchdog_dumps_what_each_qp_was_told_and_did(fabric, tmp_path):
     env = env_of(fabric, 1, gpu=True, strict=True, SIGMATRACE_EMU_WATCHDOG_MS="50",
                  SIGMATRACE_EMU_STATS=f"{tmp_path}/emu-stats.%p.json")
     p = run(["--pair", "--gpu", "--cpu-proxy", "--linger-ms", "400"], env)
-    last = p.stderr.rsplit("watchdog: no NIC work for", 1)[-1]      # the last idle stretch: the lingering end
+    last = p.stderr.rsplit("watchdog: no NIC progress for", 1)[-1]      # the last idle stretch: the lingering end
     qps = [m.groups() for m in re.finditer(r"watchdog: qp (0x[0-9a-f]+) type \d+ devx 1 state 3 uar (\d+): dbr_pi (\d+) "
                                             r"announced (\d+) executed (\d+)", last)]
     assert qps, p.stderr[-3000:]

@@ -390,9 +390,11 @@ struct emu_nic {
 	volatile int running;
 	int refcnt;
 	int busy_poll;   /* SIGMATRACE_EMU_NIC_SPIN: never sleep when idle */
-	uint64_t watchdog_ns;   /* SIGMATRACE_EMU_WATCHDOG_MS: dump the NIC's state after this long without work */
-	uint64_t last_work_ns;  /* when the NIC last found work (watchdog) */
-	int watchdog_dumped;    /* this idle stretch was dumped already */
+	uint64_t watchdog_ns;   /* SIGMATRACE_EMU_WATCHDOG_MS: dump the NIC's state after this long without progress */
+	uint64_t last_work_ns;  /* when the NIC last made progress (watchdog) */
+	uint64_t progress;      /* its signature: doorbells, WQEs executed, messages served */
+	uint64_t work_by_source[4]; /* loop rounds that found work: UAR scan, inbox, QP service, node flush */
+	int watchdog_dumped;    /* this stall was dumped already */
 	/* SIGMATRACE_EMU_BFREG: verbs QPs share UAR pages like rdma-core's bfregs:
 	 * "page" two QPs per page (registers 0x800 and 0xa00), "word" every QP on
 	 * one register; default one page per QP */

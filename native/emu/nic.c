@@ -140,11 +140,28 @@ static int has_backlog(struct emu_nic *nic)
  * UAR page the values its doorbell registers hold now beside those last sampled -- a doorbell rung but not
  * seen, seen but not executed, or executed with nothing waiting, told apart.  Then the stats file, which a
  * process ended by a signal would not write. */
+static uint64_t progress_signature(const struct emu_nic *nic)
+{
+	uint64_t sig = nic->stats->doorbells + nic->stats->recvs_consumed + nic->inbox->head * 3;
+	for (int i = 0; i < 64; i++)
+		sig += nic->stats->wqes_by_opcode[i] * 7;
+	for (int i = 0; i < nic->nq; i++)
+		sig += (uint64_t)nic->qlist[i]->sq_exec * 11 + nic->qlist[i]->rq_ci * 13;
+	return sig;
+}
+
 static void watchdog_dump(struct emu_nic *nic, uint64_t idle_ns)
 {
-	EMU_PRINT("watchdog: no NIC work for %llu ms; inbox head %llu tail %llu",
+	EMU_PRINT("watchdog: no NIC progress for %llu ms; inbox head %llu tail %llu; rounds with work: uar scan %llu "
+		  "inbox %llu qp service %llu node flush %llu; gpu copies %llu failed %llu",
 		  (unsigned long long)(idle_ns / 1000000), (unsigned long long)nic->inbox->head,
-		  (unsigned long long)__atomic_load_n(&nic->inbox->tail, __ATOMIC_ACQUIRE));
+		  (unsigned long long)__atomic_load_n(&nic->inbox->tail, __ATOMIC_ACQUIRE),
+		  (unsigned long long)nic->work_by_source[0], (unsigned long long)nic->work_by_source[1],
+		  (unsigned long long)nic->work_by_source[2], (unsigned long long)nic->work_by_source[3],
+		  (unsigned long long)nic->stats->dma_gpu_copies, (unsigned long long)nic->stats->dma_gpu_errors);
+	for (int i = 0; i < nic->nnodes; i++)
+		if (nic->nodes[i].outq)
+			EMU_PRINT("watchdog: node %d has messages queued", i);
 	for (int i = 0; i < nic->nq; i++) {
 		struct emu_qp *q = nic->qlist[i];
 		long dbr = q->dbrec ? (long)(emu_dma_load_be32(&q->dbrec[ST_MLX5_SND_DBR]) & 0xffff) : -1;
@@ -153,10 +170,16 @@ static void watchdog_dump(struct emu_nic *nic, uint64_t idle_ns)
 			if (u->page == q->uar)
 				page_id = u->page_id;
 		EMU_PRINT("watchdog: qp 0x%x type %d devx %d state %d uar %u: dbr_pi %ld announced %u executed %u "
-			  "inflight %u pend %d db_seen 0x%x db_last %u %u %u %u",
+			  "inflight %u pend %d resp_active %d rq_ci %u db_seen 0x%x db_last %u %u %u %u",
 			  q->qpn, q->qp_type, q->devx, q->state, page_id, dbr,
 			  q->sq_announced & 0xffff, q->sq_exec & 0xffff, q->inflight_head - q->inflight_tail,
-			  q->pend != NULL, q->db_seen, q->db_last[0], q->db_last[1], q->db_last[2], q->db_last[3]);
+			  q->pend != NULL, q->resp_active, q->rq_ci, q->db_seen, q->db_last[0], q->db_last[1], q->db_last[2], q->db_last[3]);
+	}
+	for (int i = 0; i < EMU_MAX_CQ; i++) {
+		struct emu_cq *c = nic->cqs[i];
+		if (c && c->pi)
+			EMU_PRINT("watchdog: cq 0x%x devx %d collapsed %d: written %u polled %u", c->cqn, c->devx, c->collapsed,
+				  c->pi, c->ci);
 	}
 	for (struct emu_uar *u = nic->uars; u; u = u->next) {
 		if (u->cq_page)
@@ -182,25 +205,34 @@ static void *nic_main(void *arg)
 	 * latency of raw doorbells */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	while (__atomic_load_n(&nic->running, __ATOMIC_ACQUIRE)) {
-		int work = 0;
+		int work = 0, w[4] = {0, 0, 0, 0};
 		pthread_mutex_lock(&nic->lock);
-		work += emu_scan_uars(nic);
-		work += emu_service_inbox(nic);
-		work += emu_service_qps(nic);
+		w[0] = emu_scan_uars(nic);
+		w[1] = emu_service_inbox(nic);
+		w[2] = emu_service_qps(nic);
 		for (int i = 0; i < nic->nnodes; i++)
-			work += emu_node_flush(&nic->nodes[i]);
+			w[3] += emu_node_flush(&nic->nodes[i]);
+		for (int i = 0; i < 4; i++) {
+			work += w[i];
+			nic->work_by_source[i] += w[i] != 0;
+		}
 		uint64_t now = emu_now_ns();
 		if (now - nic->last_liveness_ns > 50000000ull) {
 			nic->last_liveness_ns = now;
 			emu_liveness(nic);
 		}
 		int backlog = has_backlog(nic);
-		if (work || !nic->last_work_ns) {
-			nic->last_work_ns = now;
-			nic->watchdog_dumped = 0;
-		} else if (nic->watchdog_ns && !nic->watchdog_dumped && now - nic->last_work_ns > nic->watchdog_ns) {
-			nic->watchdog_dumped = 1;
-			watchdog_dump(nic, now - nic->last_work_ns);
+		if (nic->watchdog_ns) {
+			/* progress, not work: a NIC can loop on work that moves nothing (a retry, say) */
+			uint64_t sig = progress_signature(nic);
+			if (sig != nic->progress || !nic->last_work_ns) {
+				nic->progress = sig;
+				nic->last_work_ns = now;
+				nic->watchdog_dumped = 0;
+			} else if (!nic->watchdog_dumped && now - nic->last_work_ns > nic->watchdog_ns) {
+				nic->watchdog_dumped = 1;
+				watchdog_dump(nic, now - nic->last_work_ns);
+			}
 		}
 		pthread_mutex_unlock(&nic->lock);
 		if (work) {
