@@ -395,6 +395,9 @@ struct emu_nic {
 	uint64_t progress;      /* its signature: doorbells, WQEs executed, messages served */
 	uint64_t work_by_source[4]; /* loop rounds that found work: UAR scan, inbox, QP service, node flush */
 	int watchdog_dumped;    /* this stall was dumped already */
+	pthread_t watchdog;     /* its own thread: it sees a NIC thread stuck inside a round too */
+	volatile int phase;     /* where the NIC thread is: 0 idle, 1 UAR scan, 2 inbox, 3 QP service, 4 node flush */
+	volatile uint64_t rounds; /* NIC loop rounds */
 	/* SIGMATRACE_EMU_BFREG: verbs QPs share UAR pages like rdma-core's bfregs:
 	 * "page" two QPs per page (registers 0x800 and 0xa00), "word" every QP on
 	 * one register; default one page per QP */

@@ -195,6 +195,42 @@ static void watchdog_dump(struct emu_nic *nic, uint64_t idle_ns)
 	emu_stats_write(nic);
 }
 
+/* The watchdog thread (SIGMATRACE_EMU_WATCHDOG_MS; a diagnosis, never on by default): progress, not work,
+ * is what it watches -- a NIC can loop on work that moves nothing, or be stuck inside one round, which a
+ * check in the NIC's own loop would never see.  It dumps under the NIC's lock when it can have it within a
+ * second, else (the NIC thread stuck holding it) without: racy reads of a NIC that is not moving. */
+static void *watchdog_main(void *arg)
+{
+	struct emu_nic *nic = arg;
+	EMU_DEVICE_THREAD();
+	while (__atomic_load_n(&nic->running, __ATOMIC_ACQUIRE)) {
+		struct timespec ts = {0, 100 * 1000000L};
+		nanosleep(&ts, NULL);
+		uint64_t now = emu_now_ns(), sig = progress_signature(nic);
+		if (sig != nic->progress || !nic->last_work_ns) {
+			nic->progress = sig;
+			nic->last_work_ns = now;
+			nic->watchdog_dumped = 0;
+			continue;
+		}
+		if (nic->watchdog_dumped || now - nic->last_work_ns <= nic->watchdog_ns)
+			continue;
+		nic->watchdog_dumped = 1;
+		int locked = 0;
+		for (int i = 0; i < 100 && !(locked = !pthread_mutex_trylock(&nic->lock)); i++) {
+			struct timespec w = {0, 10 * 1000000L};
+			nanosleep(&w, NULL);
+		}
+		EMU_PRINT("watchdog: the NIC thread is in phase %d after %llu rounds%s", nic->phase,
+			  (unsigned long long)nic->rounds, locked ? "" : "; it holds its lock (dump without it)");
+		watchdog_dump(nic, now - nic->last_work_ns);
+		if (locked)
+			pthread_mutex_unlock(&nic->lock);
+	}
+	EMU_DEVICE_THREAD_END();
+	return NULL;
+}
+
 static void *nic_main(void *arg)
 {
 	struct emu_nic *nic = arg;
@@ -207,11 +243,17 @@ static void *nic_main(void *arg)
 	while (__atomic_load_n(&nic->running, __ATOMIC_ACQUIRE)) {
 		int work = 0, w[4] = {0, 0, 0, 0};
 		pthread_mutex_lock(&nic->lock);
+		nic->rounds++;
+		nic->phase = 1;
 		w[0] = emu_scan_uars(nic);
+		nic->phase = 2;
 		w[1] = emu_service_inbox(nic);
+		nic->phase = 3;
 		w[2] = emu_service_qps(nic);
+		nic->phase = 4;
 		for (int i = 0; i < nic->nnodes; i++)
 			w[3] += emu_node_flush(&nic->nodes[i]);
+		nic->phase = 0;
 		for (int i = 0; i < 4; i++) {
 			work += w[i];
 			nic->work_by_source[i] += w[i] != 0;
@@ -222,18 +264,6 @@ static void *nic_main(void *arg)
 			emu_liveness(nic);
 		}
 		int backlog = has_backlog(nic);
-		if (nic->watchdog_ns) {
-			/* progress, not work: a NIC can loop on work that moves nothing (a retry, say) */
-			uint64_t sig = progress_signature(nic);
-			if (sig != nic->progress || !nic->last_work_ns) {
-				nic->progress = sig;
-				nic->last_work_ns = now;
-				nic->watchdog_dumped = 0;
-			} else if (!nic->watchdog_dumped && now - nic->last_work_ns > nic->watchdog_ns) {
-				nic->watchdog_dumped = 1;
-				watchdog_dump(nic, now - nic->last_work_ns);
-			}
-		}
 		pthread_mutex_unlock(&nic->lock);
 		if (work) {
 			idle = 0;
@@ -401,6 +431,8 @@ EXPORT struct emu_nic *emu_nic_get(void)
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_create(&nic->thread, NULL, nic_main, nic);
+	if (nic->watchdog_ns && pthread_create(&nic->watchdog, NULL, watchdog_main, nic))
+		nic->watchdog_ns = 0;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	static int atexit_done;
 	if (!atexit_done++)
@@ -422,6 +454,8 @@ EXPORT void emu_nic_put(struct emu_nic *nic)
 	__atomic_store_n(&nic->running, 0, __ATOMIC_RELEASE);
 	emu_nic_kick(nic);
 	pthread_join(nic->thread, NULL);
+	if (nic->watchdog_ns)
+		pthread_join(nic->watchdog, NULL);
 	/* deliver what is still queued for peers (bounded) */
 	for (int tries = 0; tries < 100; tries++) {
 		int left = 0;
