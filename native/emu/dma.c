@@ -110,6 +110,9 @@ static struct devmem g_dev[EMU_MAX_DEVMEM];
 static int g_ndev; /* read without the lock on the fast path */
 static pthread_rwlock_t g_dev_lock = PTHREAD_RWLOCK_INITIALIZER;
 static uint64_t g_dev_copies, g_dev_errors;
+/* where the NIC's current GPU copy is (the watchdog's clue): 0 none, 1 queued, 2 waiting for its stream */
+static volatile int g_dev_stage;
+static volatile uint64_t g_dev_addr;
 
 /* A registration of [addr, addr+len): 1 when it is GPU memory (entered in
  * the table), 0 when it is host memory, -1 when the table is full. */
@@ -218,10 +221,13 @@ static int dev_copy(void *ctx, void *host, uint64_t dev, size_t n, int to_device
 	if (!ctx)
 		ctx = prev; /* no context reported for the memory: the caller's */
 	if (prev == ctx || cu.ctx_set_current(ctx) == 0) {
+		g_dev_addr = dev;
+		g_dev_stage = 1;
 		if ((s = nic_stream(ctx)) &&
 		    (cr = to_device ? cu.htod_async(dev, host, n, s) : cu.dtoh_async(host, dev, n, s)) == 0 &&
-		    (cr = cu.stream_sync(s)) == 0)
+		    (g_dev_stage = 2, cr = cu.stream_sync(s)) == 0)
 			r = 0;
+		g_dev_stage = 0;
 		if (prev != ctx)
 			cu.ctx_set_current(prev);
 	}
@@ -291,4 +297,11 @@ EXPORT void emu_dma_counts(uint64_t *copies, uint64_t *errors)
 {
 	*copies = __atomic_load_n(&g_dev_copies, __ATOMIC_RELAXED);
 	*errors = __atomic_load_n(&g_dev_errors, __ATOMIC_RELAXED);
+}
+
+/* The GPU copy in progress, for the watchdog: its stage (0 none) and device address. */
+EXPORT int emu_dma_in_progress(uint64_t *addr)
+{
+	*addr = g_dev_addr;
+	return g_dev_stage;
 }

@@ -553,6 +553,7 @@ int emu_dma_is_device(uint64_t addr, size_t n);
 int emu_dma_read(void *dst, uint64_t src, size_t n);   /* 0, or -1: a GPU copy failed */
 int emu_dma_write(uint64_t dst, const void *src, size_t n);
 uint32_t emu_dma_load_be32(const volatile uint32_t *p);
+int emu_dma_in_progress(uint64_t *addr);
 void emu_dma_counts(uint64_t *copies, uint64_t *errors);
 
 /* amo.c */

@@ -152,13 +152,15 @@ static uint64_t progress_signature(const struct emu_nic *nic)
 
 static void watchdog_dump(struct emu_nic *nic, uint64_t idle_ns)
 {
+	uint64_t copies = 0, failed = 0;
+	emu_dma_counts(&copies, &failed);
 	EMU_PRINT("watchdog: no NIC progress for %llu ms; inbox head %llu tail %llu; rounds with work: uar scan %llu "
 		  "inbox %llu qp service %llu node flush %llu; gpu copies %llu failed %llu",
 		  (unsigned long long)(idle_ns / 1000000), (unsigned long long)nic->inbox->head,
 		  (unsigned long long)__atomic_load_n(&nic->inbox->tail, __ATOMIC_ACQUIRE),
 		  (unsigned long long)nic->work_by_source[0], (unsigned long long)nic->work_by_source[1],
 		  (unsigned long long)nic->work_by_source[2], (unsigned long long)nic->work_by_source[3],
-		  (unsigned long long)nic->stats->dma_gpu_copies, (unsigned long long)nic->stats->dma_gpu_errors);
+		  (unsigned long long)copies, (unsigned long long)failed);
 	for (int i = 0; i < nic->nnodes; i++)
 		if (nic->nodes[i].outq)
 			EMU_PRINT("watchdog: node %d has messages queued", i);
@@ -172,7 +174,7 @@ static void watchdog_dump(struct emu_nic *nic, uint64_t idle_ns)
 		EMU_PRINT("watchdog: qp 0x%x type %d devx %d state %d uar %u: dbr_pi %ld announced %u executed %u "
 			  "inflight %u pend %d resp_active %d rq_ci %u db_seen 0x%x db_last %u %u %u %u",
 			  q->qpn, q->qp_type, q->devx, q->state, page_id, dbr,
-			  q->sq_announced & 0xffff, q->sq_exec & 0xffff, q->inflight_head - q->inflight_tail,
+			  q->sq_announced & 0xffff, q->sq_exec & 0xffff, q->inflight_tail - q->inflight_head,
 			  q->pend != NULL, q->resp_active, q->rq_ci, q->db_seen, q->db_last[0], q->db_last[1], q->db_last[2], q->db_last[3]);
 	}
 	for (int i = 0; i < EMU_MAX_CQ; i++) {
@@ -221,8 +223,12 @@ static void *watchdog_main(void *arg)
 			struct timespec w = {0, 10 * 1000000L};
 			nanosleep(&w, NULL);
 		}
-		EMU_PRINT("watchdog: the NIC thread is in phase %d after %llu rounds%s", nic->phase,
-			  (unsigned long long)nic->rounds, locked ? "" : "; it holds its lock (dump without it)");
+		uint64_t dev = 0;
+		int stage = emu_dma_in_progress(&dev);
+		EMU_PRINT("watchdog: the NIC thread is in phase %d after %llu rounds%s; GPU copy stage %d (%s) address 0x%llx",
+			  nic->phase, (unsigned long long)nic->rounds, locked ? "" : "; it holds its lock (dump without it)",
+			  stage, stage == 2 ? "waiting for its stream" : stage == 1 ? "being queued" : "none",
+			  (unsigned long long)dev);
 		watchdog_dump(nic, now - nic->last_work_ns);
 		if (locked)
 			pthread_mutex_unlock(&nic->lock);
