@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sigmatrace.report import build_report
@@ -158,3 +159,37 @@ def test_local_report_imports_no_dask(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FIX.parent), str(FIX.parent / "sim")]))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def _driver_held(tmp_path, client, scale, force_gather=False):
+    """(events, Held) of the cluster report of a synthetic capture ``scale`` times as long (more levels of
+    writes, barriers and ping-pongs: the same processes, QPs and barrier addresses)."""
+    from sigmatrace.cluster.driver import Held
+    d, _ = write_synthetic(tmp_path / f"cap{scale}{force_gather}", nodes=3, procs_per_node=2, seed=11,
+                           doorbells_per_qp=40 * scale, levels=4 * scale, pingpongs=50 * scale)
+    _, s, tm = build_report(d, tmp_path / f"out{scale}{force_gather}", cluster=client, workers=2, figures=False,
+                            quiet=True, max_perfetto_events=WINDOW)
+    return s["events"], Held(tm["cluster_driver_rows"])
+
+
+def test_driver_holds_no_per_event_data(tmp_path, client, monkeypatch):
+    """From a capture to one 4x as long, what the driver materializes of the capture's records (the rows of
+    its per-record intermediates, counted by ``driver.Held``: the Perfetto candidates and window, the
+    doorbells / wqes joins, the barrier hit counts) and the bytes of every task result it gathers stay the
+    same; only the barrier_arrivals table (one row per barrier instance and participant) grows.  Control:
+    gathering the barrier candidates (one row per fetch-and-add, as the driver did before) is seen."""
+    import sigmatrace.cluster.driver as D
+    import sigmatrace.tables.parquet as PQ
+    monkeypatch.setattr(PQ, "JOIN_BATCH_ROWS", 64)     # the join's batches filled at both sizes
+    (n1, h1), (n4, h4) = _driver_held(tmp_path, client, 1), _driver_held(tmp_path, client, 4)
+    assert n4 >= 3.5 * n1, (n1, n4)
+    assert 0 < h4.per_record() <= h1.per_record(), (h1.rows, h4.rows)
+    assert 0 < h4.gathered_bytes() <= 1.02 * h1.gathered_bytes(), (h1.rows, h4.rows)
+    assert h4.rows["barrier_arrivals"] >= 3.5 * h1.rows["barrier_arrivals"] > 0, (h1.rows, h4.rows)
+    # control: the counter sees per-event data when the driver holds it
+    real = D._barriers
+    monkeypatch.setattr(D, "_barriers", lambda R, out, parts, active, counts, held: real(
+        R, out, parts, active, [dict(c, participant=np.zeros_like(c["participant"])) for c in counts], held))
+    (_, g1), (_, g4) = (_driver_held(tmp_path, client, s, force_gather=True) for s in (1, 4))
+    assert g4.rows["barrier_candidates"] >= 3.5 * g1.rows["barrier_candidates"] > 0, (g1.rows, g4.rows)
+    assert g4.per_record() > g1.per_record()      # what the first assertion would have caught
