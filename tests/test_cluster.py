@@ -90,6 +90,27 @@ def test_worker_killed_mid_report(stage, synthetic, tmp_path, client):
     client.wait_for_workers(2, timeout=60)
 
 
+def test_shared_context_outlives_the_workers_holding_it(client, tmp_path):
+    """What the driver shares with the stages (``Rounds.share``) is computed again when every worker holding it
+    dies.  Dask's active memory manager drops the surplus replicas (``amm.run_once``: what it does every 2 s),
+    then those workers are restarted: data given by ``client.scatter`` (even broadcast) is forgotten with its last
+    replica and the tasks needing it are cancelled ('already forgotten') -- the intermittent failure of
+    test_worker_killed_mid_report; a task's result is recomputed from the scratch directory."""
+    from sigmatrace.cluster.driver import Rounds
+    R = Rounds(client, None, scratch=tmp_path)
+    ctx = {"x": np.arange(1000)}
+    fut = R.share("ctx", ctx)
+    distributed.wait(fut)
+    client.amm.run_once()
+    holders = sorted(client.who_has([fut])[fut.key])
+    assert holders
+    client.restart_workers(holders)
+    client.wait_for_workers(2, timeout=60)
+    assert not set(holders) & set(client.scheduler_info()["workers"]), "the holders were not restarted"
+    got = client.submit(lambda c: int(c["x"].sum()), fut, pure=False).result(timeout=60)
+    assert got == int(ctx["x"].sum())
+
+
 def _cli(argv, capsys):
     from sigmatrace.cli.main import main
     rc = main(argv)

@@ -39,19 +39,24 @@ from ..export.window import Window, scan_grid, scan_result, top_qps, window_cut
 from ..schema import PART_TABLES, TABLE_NAMES
 from ..tables import parquet as PQ
 from ..tables.host_events import HostCollector
-from . import shard
+from . import shard, store
 
 FAN_IN = 16                  # parts merged per task in the reduction of the Perfetto candidates
 
 
 class Rounds:
     """Submit one task per argument tuple, follow them (progress), return their results in order; the first
-    failure cancels the rest and is raised here as the task raised it."""
+    failure cancels the rest and is raised here as the task raised it.
 
-    def __init__(self, client, progress, held=None):
+    Every future a later task depends on (``share``, the ``tables`` round's outputs) is a task Dask can run
+    again, and the caller holds it until the last stage that reads it has finished: when a worker dies, the
+    scheduler recomputes what it held instead of cancelling the tasks that need it."""
+
+    def __init__(self, client, progress, held=None, scratch=None):
         self.client, self.progress = client, progress or (lambda stage, n=0: None)
         self.token = uuid.uuid4().hex[:8]
         self.held = held if held is not None else Held()
+        self.scratch = Path(scratch) if scratch is not None else None
 
     def submit(self, stage, fn, argsets):
         return [self.client.submit(fn, *a, key=f"sigmatrace-{stage}-{self.token}-{i}", pure=False)
@@ -79,9 +84,15 @@ class Rounds:
             self.client.cancel(futs)
             raise
 
-    def broadcast(self, obj):
-        """``obj`` on every worker, once (a list of one: Dask would scatter a dict's values one by one)."""
-        return self.client.scatter([obj], broadcast=True, hash=False)[0]
+    def share(self, name, obj):
+        """A future of ``obj`` for the tasks of later stages: ``obj`` written to the scratch directory and
+        loaded by a task (Dask then copies it to the workers that need it).  Not ``client.scatter``:
+        scattered data has no lineage -- the scheduler forgets it with the last worker holding it (the
+        active memory manager keeps a single replica of a broadcast once no task waits on it) and cancels
+        every task that needs it ('already forgotten'); a task's result is recomputed from the file."""
+        path = self.scratch / f"shared-{name}.pkl"
+        store.save(path, obj)
+        return self.client.submit(store.load, str(path), key=f"sigmatrace-shared-{name}-{self.token}", pure=False)
 
 
 class Held:
@@ -141,7 +152,7 @@ def correlate_and_write(client, files, out_dir, progress=None, workers=None, clo
     from distributed.client import FutureCancelledError
     try:
         held = held if isinstance(held, Held) else Held(held)
-        return _report(Rounds(client, progress, held), files, out_dir, scratch, workers, clock_refine, perfetto,
+        return _report(Rounds(client, progress, held, scratch), files, out_dir, scratch, workers, clock_refine, perfetto,
                        max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
                        stage_s if stage_s is not None else {}, held)
     except (KilledWorker, FutureCancelledError) as e:
@@ -198,7 +209,7 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
                coll=_detached(coll, "procs", "warnings") if coll.comms else None, clocks=clocks,
                part_of_process=part_of_process)
     T0("identity_topology")
-    ctx_f = R.broadcast(ctx)
+    ctx_f = R.share("ctx", ctx)
     loc = R.map("correlate", shard.local, [(parts[k], ctx_f, [i for kk, i in where if kk == k], first[k])
                                            for k in active])
     T0("local_tasks")
@@ -281,7 +292,7 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
                 grid=scan_grid(tuple(tr) if tr else (0, 0), bins), n_gpu=len(tables["gpus"]["gpu"]),
                 n_node=len(labels), n_qp=topo.n)
     T0("final_tables")
-    ctx5_f = R.broadcast(ctx5)
+    ctx5_f = R.share("ctx5", ctx5)
     wf = R.submit("tables", shard.write, [(parts[k], ctx5_f, g[k], files_of[k]) for k in active])
     res_f = [R.client.submit(operator.getitem, f, 0, key=f"{f.key}-result") for f in wf]
     topk_f = [R.client.submit(operator.getitem, f, 1, key=f"{f.key}-earliest") for f in wf]

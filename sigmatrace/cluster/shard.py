@@ -343,23 +343,29 @@ def write(part: Part, ctx, g, files):
     (``driver`` joins them into the single-file tables)."""
     L, ops_t, comp_t, gid, D, W, to_ns = _tables(part, ctx, g)
     for name, t in (("doorbells", D), ("wqes", W)):
-        PQ._write(PQ.conform(name, PQ.to_table(dict(t))), part.dir / f"{name}.parquet")
+        with store.writing(part.dir / f"{name}.parquet") as tmp:
+            PQ._write(PQ.conform(name, PQ.to_table(dict(t))), tmp)
     for path, lo, hi in files.get("ops", ()):
-        PQ._write_ranges("ops", ops_t, path, lo=lo, hi=hi)
+        with store.writing(path) as tmp:
+            PQ._write_ranges("ops", ops_t, tmp, lo=lo, hi=hi)
     for path, lo, hi in files.get("completions", ()):
-        PQ._write_ranges("completions", comp_t, path, lo=lo, hi=hi)
+        with store.writing(path) as tmp:
+            PQ._write_ranges("completions", comp_t, tmp, lo=lo, hi=hi)
     if files.get("flows"):
         m = np.flatnonzero(L["matched"])
         tmp = Correlated()
         tmp.tables["ops"] = ops_t
         derived.build_flows(tmp, part_gids(np.arange(len(m)), g["flow_local"], g["flow_global"]))
         for path, lo, hi in files["flows"]:
-            PQ._write_ranges("flows", tmp.tables["flows"], path, lo=int(np.searchsorted(m, lo)),
-                             hi=int(np.searchsorted(m, hi)))
+            with store.writing(path) as part_tmp:
+                PQ._write_ranges("flows", tmp.tables["flows"], part_tmp, lo=int(np.searchsorted(m, lo)),
+                                 hi=int(np.searchsorted(m, hi)))
     keep = ctx["max_events"] if ctx["perfetto"] else None
     n_events, host, n_host = 0, [], 0
     for path in files.get("events", ()):
-        n_events, host, n_host = PQ._write_part((path, L["events"], to_ns, ctx["node_of"], ctx["batch_records"], keep))
+        with store.writing(path) as tmp:
+            n_events, host, n_host = PQ._write_part((tmp, L["events"], to_ns, ctx["node_of"], ctx["batch_records"],
+                                                     keep))
     _, bar = derived.barrier_candidates(ops_t)
     store.save_arrays(part.dir / "barriers.npz", **bar)
     res = dict(events=n_events, barrier_counts=derived.barrier_counts(bar))
