@@ -487,11 +487,13 @@ class _ClusterPairs:
 def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held):
     """The Perfetto ``Window`` from the parts: the earliest of each kind reduced in a tree of tasks, the cut,
     then every part's drawn rows; the counters summed."""
-    level = topk_f
-    while len(level) > 1:
-        level = [R.client.submit(shard.merge_earliest, K, *level[i:i + FAN_IN], pure=False)
-                 for i in range(0, len(level), FAN_IN)]
-    host_k, db_k, op_k = R.wait("perfetto", level)[0]
+    levels = [topk_f]        # every level held until the root is in: a lost one is recomputed from its inputs
+    while len(levels[-1]) > 1:
+        below = levels[-1]
+        levels.append([R.client.submit(shard.merge_earliest, K, *below[i:i + FAN_IN],
+                                       key=f"sigmatrace-earliest-{R.token}-{len(levels)}-{i}", pure=False)
+                       for i in range(0, len(below), FAN_IN)])
+    host_k, db_k, op_k = R.wait("perfetto", levels[-1])[0]
     held("window_earliest", len(host_k) + len(db_k) + len(op_k))
     n_host = sum(w["n_host"] for w in written)
     n_db = sum(loc[k]["n_doorbells"] for k in active)
