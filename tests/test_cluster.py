@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sigmatrace.report import build_report
@@ -72,7 +73,8 @@ class _KillOnce(distributed.WorkerPlugin):
             os._exit(1)
 
 
-@pytest.mark.parametrize("stage", ["sigmatrace-correlate", "sigmatrace-tables"])
+@pytest.mark.parametrize("stage", ["sigmatrace-correlate", "sigmatrace-pairs", "sigmatrace-tables",
+                                   "sigmatrace-earliest", "sigmatrace-perfetto"])
 def test_worker_killed_mid_report(stage, synthetic, tmp_path, client):
     ref = tmp_path / "ref"
     build_report(synthetic, ref, workers=1, figures=False, quiet=True, max_perfetto_events=WINDOW, cluster=client)
@@ -87,6 +89,27 @@ def test_worker_killed_mid_report(stage, synthetic, tmp_path, client):
     assert marker.exists(), "no worker was killed"
     _same_report(ref, got)
     client.wait_for_workers(2, timeout=60)
+
+
+def test_shared_context_outlives_the_workers_holding_it(client, tmp_path):
+    """What the driver shares with the stages (``Rounds.share``) is computed again when every worker holding it
+    dies.  Dask's active memory manager drops the surplus replicas (``amm.run_once``: what it does every 2 s),
+    then those workers are restarted: data given by ``client.scatter`` (even broadcast) is forgotten with its last
+    replica and the tasks needing it are cancelled ('already forgotten') -- the intermittent failure of
+    test_worker_killed_mid_report; a task's result is recomputed from the scratch directory."""
+    from sigmatrace.cluster.driver import Rounds
+    R = Rounds(client, None, scratch=tmp_path)
+    ctx = {"x": np.arange(1000)}
+    fut = R.share("ctx", ctx)
+    distributed.wait(fut)
+    client.amm.run_once()
+    holders = sorted(client.who_has([fut])[fut.key])
+    assert holders
+    client.restart_workers(holders)
+    client.wait_for_workers(2, timeout=60)
+    assert not set(holders) & set(client.scheduler_info()["workers"]), "the holders were not restarted"
+    got = client.submit(lambda c: int(c["x"].sum()), fut, pure=False).result(timeout=60)
+    assert got == int(ctx["x"].sum())
 
 
 def _cli(argv, capsys):
@@ -158,3 +181,37 @@ def test_local_report_imports_no_dask(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FIX.parent), str(FIX.parent / "sim")]))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def _driver_held(tmp_path, client, scale, force_gather=False):
+    """(events, Held) of the cluster report of a synthetic capture ``scale`` times as long (more levels of
+    writes, barriers and ping-pongs: the same processes, QPs and barrier addresses)."""
+    from sigmatrace.cluster.driver import Held
+    d, _ = write_synthetic(tmp_path / f"cap{scale}{force_gather}", nodes=3, procs_per_node=2, seed=11,
+                           doorbells_per_qp=40 * scale, levels=4 * scale, pingpongs=50 * scale)
+    _, s, tm = build_report(d, tmp_path / f"out{scale}{force_gather}", cluster=client, workers=2, figures=False,
+                            quiet=True, max_perfetto_events=WINDOW)
+    return s["events"], Held(tm["cluster_driver_rows"])
+
+
+def test_driver_holds_no_per_event_data(tmp_path, client, monkeypatch):
+    """From a capture to one 4x as long, what the driver materializes of the capture's records (the rows of
+    its per-record intermediates, counted by ``driver.Held``: the Perfetto candidates and window, the
+    doorbells / wqes joins, the barrier hit counts) and the bytes of every task result it gathers stay the
+    same; only the barrier_arrivals table (one row per barrier instance and participant) grows.  Control:
+    gathering the barrier candidates (one row per fetch-and-add, as the driver did before) is seen."""
+    import sigmatrace.cluster.driver as D
+    import sigmatrace.tables.parquet as PQ
+    monkeypatch.setattr(PQ, "JOIN_BATCH_ROWS", 64)     # the join's batches filled at both sizes
+    (n1, h1), (n4, h4) = _driver_held(tmp_path, client, 1), _driver_held(tmp_path, client, 4)
+    assert n4 >= 3.5 * n1, (n1, n4)
+    assert 0 < h4.per_record() <= h1.per_record(), (h1.rows, h4.rows)
+    assert 0 < h4.gathered_bytes() <= 1.02 * h1.gathered_bytes(), (h1.rows, h4.rows)
+    assert h4.rows["barrier_arrivals"] >= 3.5 * h1.rows["barrier_arrivals"] > 0, (h1.rows, h4.rows)
+    # control: the counter sees per-event data when the driver holds it
+    real = D._barriers
+    monkeypatch.setattr(D, "_barriers", lambda R, out, parts, active, counts, held: real(
+        R, out, parts, active, [dict(c, participant=np.zeros_like(c["participant"])) for c in counts], held))
+    (_, g1), (_, g4) = (_driver_held(tmp_path, client, s, force_gather=True) for s in (1, 4))
+    assert g4.rows["barrier_candidates"] >= 3.5 * g1.rows["barrier_candidates"] > 0, (g1.rows, g4.rows)
+    assert g4.per_record() > g1.per_record()      # what the first assertion would have caught

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..query import connect, named_queries, run_named
 from .figures import bandwidth_figure, barrier_figure, fmt_bytes, fmt_ns, heatmap, latency_figure
+from .quantile import grouped_quantiles
 
 LEVELS = ("node", "rank", "gpu", "qp")
 
@@ -92,9 +93,14 @@ def op_latency(source, hist=True):
     con = _con(source)
     q = named_sql("op_latency")
     groups = _q(con, f"SELECT kind, source, measure, count(*) AS count, avg(value_ns) AS mean_ns, "
-                     f"quantile_cont(value_ns, 0.5) AS p50_ns, quantile_cont(value_ns, 0.9) AS p90_ns, "
-                     f"quantile_cont(value_ns, 0.99) AS p99_ns, min(value_ns) AS min_ns, max(value_ns) AS max_ns "
+                     f"min(value_ns) AS min_ns, max(value_ns) AS max_ns "
                      f"FROM ({q}) GROUP BY ALL ORDER BY measure, count DESC, kind, source")
+    if groups:   # exact quantiles in bounded memory (analysis.quantile; DuckDB's quantile_cont holds every value)
+        pq = grouped_quantiles(con, q, ("kind", "source", "measure"), "value_ns", (0.5, 0.9, 0.99))
+        for g in groups:
+            p50, p90, p99 = pq[(g["kind"], g["source"], g["measure"])]
+            mn, mx = g.pop("min_ns"), g.pop("max_ns")
+            g.update(p50_ns=p50, p90_ns=p90, p99_ns=p99, min_ns=mn, max_ns=mx)
     if hist and groups:
         k = LATENCY_BINS_PER_DECADE
         rows = con.execute(f"SELECT kind, source, measure, floor(log10(greatest(value_ns, 1)) * {k})::BIGINT AS b, "

@@ -39,18 +39,24 @@ from ..export.window import Window, scan_grid, scan_result, top_qps, window_cut
 from ..schema import PART_TABLES, TABLE_NAMES
 from ..tables import parquet as PQ
 from ..tables.host_events import HostCollector
-from . import shard
+from . import shard, store
 
 FAN_IN = 16                  # parts merged per task in the reduction of the Perfetto candidates
 
 
 class Rounds:
     """Submit one task per argument tuple, follow them (progress), return their results in order; the first
-    failure cancels the rest and is raised here as the task raised it."""
+    failure cancels the rest and is raised here as the task raised it.
 
-    def __init__(self, client, progress):
+    Every future a later task depends on (``share``, the ``tables`` round's outputs) is a task Dask can run
+    again, and the caller holds it until the last stage that reads it has finished: when a worker dies, the
+    scheduler recomputes what it held instead of cancelling the tasks that need it."""
+
+    def __init__(self, client, progress, held=None, scratch=None):
         self.client, self.progress = client, progress or (lambda stage, n=0: None)
         self.token = uuid.uuid4().hex[:8]
+        self.held = held if held is not None else Held()
+        self.scratch = Path(scratch) if scratch is not None else None
 
     def submit(self, stage, fn, argsets):
         return [self.client.submit(fn, *a, key=f"sigmatrace-{stage}-{self.token}-{i}", pure=False)
@@ -71,14 +77,55 @@ class Rounds:
                     self.progress(stage, 1)
                 else:
                     tick(index[f.key])
-            return self.client.gather(futs)
+            got = self.client.gather(futs)
+            self.held.gathered(stage, got)
+            return got
         except BaseException:
             self.client.cancel(futs)
             raise
 
-    def broadcast(self, obj):
-        """``obj`` on every worker, once (a list of one: Dask would scatter a dict's values one by one)."""
-        return self.client.scatter([obj], broadcast=True, hash=False)[0]
+    def share(self, name, obj):
+        """A future of ``obj`` for the tasks of later stages: ``obj`` written to the scratch directory and
+        loaded by a task (Dask then copies it to the workers that need it).  Not ``client.scatter``:
+        scattered data has no lineage -- the scheduler forgets it with the last worker holding it (the
+        active memory manager keeps a single replica of a broadcast once no task waits on it) and cancels
+        every task that needs it ('already forgotten'); a task's result is recomputed from the file."""
+        path = self.scratch / f"shared-{name}.pkl"
+        store.save(path, obj)
+        return self.client.submit(store.load, str(path), key=f"sigmatrace-shared-{name}-{self.token}", pure=False)
+
+
+class Held:
+    """The driver's account of what it materializes from the capture's records: per intermediate, the most
+    rows it held at once (``rows``, the dict given or a new one).  Per-record intermediates are bounded by
+    a constant (the Perfetto window, a Parquet batch); ``TABLE_ROWS``, the rows of the small tables built
+    here (one per barrier arrival), grow with what they count, not with the events."""
+
+    TABLE_ROWS = ("barrier_arrivals",)
+
+    def __init__(self, rows=None):
+        self.rows = rows if rows is not None else {}
+
+    def __call__(self, name, n):
+        self.rows[name] = max(self.rows.get(name, 0), int(n))
+        return n
+
+    def gathered(self, stage, results):
+        """The bytes of one round's results that came back to the driver (``dask.sizeof``), as
+        ``bytes:<stage>``: what the tasks return must not grow with the events either."""
+        from dask.sizeof import sizeof
+        key = f"bytes:{stage}"
+        self.rows[key] = self.rows.get(key, 0) + int(sum(sizeof(r) for r in results))
+
+    def per_record(self):
+        """Rows of the per-record intermediates held at most at once (their peaks summed: an upper bound)."""
+        return sum(v for k, v in self.rows.items() if k not in self.TABLE_ROWS and not k.startswith("bytes:"))
+
+    def gathered_bytes(self, exclude=("barriers",)):
+        """Bytes of task results gathered into the driver, every round but ``exclude`` (the barrier
+        arrivals: rows of a small table)."""
+        return sum(v for k, v in self.rows.items() if k.startswith("bytes:") and k[6:] not in exclude)
+
 
 
 class _Timer:
@@ -93,18 +140,21 @@ class _Timer:
 
 def correlate_and_write(client, files, out_dir, progress=None, workers=None, clock_refine="auto", perfetto=True,
                         max_perfetto_events=500_000, batch_records=None, refine_windows=16, bins=400,
-                        stage_s=None):
+                        stage_s=None, held=None):
     """Correlate the capture ``files`` on the Dask cluster of ``client`` and write every table under
-    ``out_dir/tables``; returns (``Correlated`` with the small tables, the Perfetto ``Window`` or None)."""
+    ``out_dir/tables``; returns (``Correlated`` with the small tables, the Perfetto ``Window`` or None).
+    ``stage_s``: gets the seconds of every stage; ``held``: a ``Held`` (or a dict it fills), what this
+    process materialized of the capture's records (tests and benchmarks: it must not grow with the capture)."""
     from ..decode import DEFAULT_BATCH_RECORDS
     out_dir = Path(out_dir).resolve()
     scratch = Path(tempfile.mkdtemp(prefix=".sigmatrace-cluster-", dir=out_dir.parent))
     from distributed import KilledWorker
     from distributed.client import FutureCancelledError
     try:
-        return _report(Rounds(client, progress), files, out_dir, scratch, workers, clock_refine, perfetto,
+        held = held if isinstance(held, Held) else Held(held)
+        return _report(Rounds(client, progress, held, scratch), files, out_dir, scratch, workers, clock_refine, perfetto,
                        max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
-                       stage_s if stage_s is not None else {})
+                       stage_s if stage_s is not None else {}, held)
     except (KilledWorker, FutureCancelledError) as e:
         raise SigmatraceError(f"the Dask cluster lost the report: {type(e).__name__}: {e}") from None
     finally:
@@ -112,7 +162,7 @@ def correlate_and_write(client, files, out_dir, progress=None, workers=None, clo
 
 
 def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batch_records, refine_windows, bins,
-            stage_s):
+            stage_s, held):
     T0 = _Timer(stage_s)
     files = [str(f) for f in files]
     absf = [str(Path(f).resolve()) for f in files]
@@ -159,7 +209,7 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
                coll=_detached(coll, "procs", "warnings") if coll.comms else None, clocks=clocks,
                part_of_process=part_of_process)
     T0("identity_topology")
-    ctx_f = R.broadcast(ctx)
+    ctx_f = R.share("ctx", ctx)
     loc = R.map("correlate", shard.local, [(parts[k], ctx_f, [i for kk, i in where if kk == k], first[k])
                                            for k in active])
     T0("local_tasks")
@@ -242,30 +292,59 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
                 grid=scan_grid(tuple(tr) if tr else (0, 0), bins), n_gpu=len(tables["gpus"]["gpu"]),
                 n_node=len(labels), n_qp=topo.n)
     T0("final_tables")
-    ctx5_f = R.broadcast(ctx5)
+    ctx5_f = R.share("ctx5", ctx5)
     wf = R.submit("tables", shard.write, [(parts[k], ctx5_f, g[k], files_of[k]) for k in active])
     res_f = [R.client.submit(operator.getitem, f, 0, key=f"{f.key}-result") for f in wf]
     topk_f = [R.client.submit(operator.getitem, f, 1, key=f"{f.key}-earliest") for f in wf]
     written = R.wait("tables", res_f)
     T0("write_tasks")
     # ---- barriers, losses, aggregates, the small tables, doorbells / wqes -------------------------------
-    cand = {c: np.concatenate([w["barriers"][c] for w in written]) for c in written[0]["barriers"]}
-    o = np.argsort(cand["op_id"], kind="stable")
-    derived.build_barriers(out, {c: v[o] for c, v in cand.items()})
+    _barriers(R, out, parts, active, [w["barrier_counts"] for w in written], held)
     derived.build_losses(out, procs, (np.concatenate([loc[k]["lost_wqebbs"] for k in active]),
                                       np.concatenate([loc[k]["incomplete"] for k in active])))
     derived.build_aggregates(out, procs, topo.of, topo.remote, topo.process, qp_gpu, node_of, ranks)
     PQ.write_tables(out, tdir, names=[t for t in TABLE_NAMES if t not in PART_TABLES + ("doorbells", "wqes")])
     for name in ("doorbells", "wqes"):
-        PQ.join_parts([parts[k].dir / f"{name}.parquet" for k in active], tdir / f"{name}.parquet")
+        held(f"{name}_join_batch", PQ.join_parts([parts[k].dir / f"{name}.parquet" for k in active],
+                                                 tdir / f"{name}.parquet"))
     T0("small_tables")
     win = None
     if perfetto:
-        win = _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables)
+        win = _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held)
         T0("perfetto_window")
     else:
         R.client.cancel(topk_f)
     return out, win
+
+
+def _barriers(R, out, parts, active, counts, held):
+    """The barrier tables from the parts' hit counts per (address, participant): the barrier addresses and
+    series here (one row per pair, not per hit), then each part's arrivals (one row per barrier instance and
+    participant).  When a participant's hits are in several parts (a GPU shared by processes of two files)
+    the parts' candidates are gathered instead (``held``: barrier_candidates)."""
+    owner = {}
+    for i, c in enumerate(counts):
+        for p in np.unique(c["participant"]).tolist():
+            owner.setdefault(p, set()).add(i)
+    held("barrier_counts", sum(len(c["count"]) for c in counts))
+    if any(len(v) > 1 for v in owner.values()):
+        got = R.map("barriers", shard.barrier_candidates, [(parts[k],) for k in active])
+        cand = {c: np.concatenate([w[c] for w in got]) for c in got[0]}
+        held("barrier_candidates", len(cand["op_id"]))
+        o = np.argsort(cand["op_id"], kind="stable")
+        derived.build_barriers(out, {c: v[o] for c, v in cand.items()})
+        return
+    series = derived.barrier_series({c: np.concatenate([w[c] for w in counts]) for c in counts[0]})
+    if not len(series["series"]):
+        derived.barrier_tables(out, np.zeros((0, 3), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return
+    got = R.map("barriers", shard.barrier_arrivals, [(parts[k], series) for k in active])
+    uk = np.concatenate([a for a, _, _ in got])
+    arr_ns = np.concatenate([b for _, b, _ in got])
+    arr_op = np.concatenate([c for _, _, c in got])
+    held("barrier_arrivals", len(uk))
+    o = np.lexsort((uk[:, 2], uk[:, 1], uk[:, 0]))
+    derived.barrier_tables(out, uk[o], arr_ns[o], arr_op[o])
 
 
 def _detached(obj, *attrs):
@@ -405,14 +484,17 @@ class _ClusterPairs:
         return res
 
 
-def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables):
+def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held):
     """The Perfetto ``Window`` from the parts: the earliest of each kind reduced in a tree of tasks, the cut,
     then every part's drawn rows; the counters summed."""
-    level = topk_f
-    while len(level) > 1:
-        level = [R.client.submit(shard.merge_earliest, K, *level[i:i + FAN_IN], pure=False)
-                 for i in range(0, len(level), FAN_IN)]
-    host_k, db_k, op_k = R.wait("perfetto", level)[0]
+    levels = [topk_f]        # every level held until the root is in: a lost one is recomputed from its inputs
+    while len(levels[-1]) > 1:
+        below = levels[-1]
+        levels.append([R.client.submit(shard.merge_earliest, K, *below[i:i + FAN_IN],
+                                       key=f"sigmatrace-earliest-{R.token}-{len(levels)}-{i}", pure=False)
+                       for i in range(0, len(below), FAN_IN)])
+    host_k, db_k, op_k = R.wait("perfetto", levels[-1])[0]
+    held("window_earliest", len(host_k) + len(db_k) + len(op_k))
     n_host = sum(w["n_host"] for w in written)
     n_db = sum(loc[k]["n_doorbells"] for k in active)
     n_ops = int(sum(g[k]["op_counts"].sum() for k in active))
@@ -449,6 +531,7 @@ def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables):
         from ..correlate.ops import OPS_COLUMNS
         drawn = np.zeros(0, np.int64)
         cols = {c: np.zeros(0, np.int64) for c in OPS_COLUMNS + ("doorbell_pi",)}
+    held("window_rows", len(ev_t["ns"]) + len(D["ns"]) + len(drawn))
     series = {}
     for *_, s in rows:
         series.update(s)

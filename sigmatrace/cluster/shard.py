@@ -16,7 +16,9 @@ stages between them):
                   parts) and their clock statistics (``correlate.refine``); ``window_stats`` the second pass;
   ``write``       the part's rows of the per-record tables on the final time base (ops, completions, flows and
                   events parts in their final place, doorbells and WQEs for the driver to join), its barrier
-                  candidates and Perfetto counters and candidates; ``window_rows`` the rows the trace draws.
+                  hit counts per (address, participant), Perfetto counters and candidates;
+  ``barrier_arrivals``  the part's participants' arrivals at the barrier addresses the counts found;
+  ``window_rows`` the rows the trace draws.
 
 Every task reads and writes only its part's scratch directory (``store``) plus, for the exchange, the files of
 the parts it matches with; a task that runs again rewrites the same files.
@@ -337,29 +339,36 @@ def _tables(part: Part, ctx, g):
 
 def write(part: Part, ctx, g, files):
     """Write the part's rows of the per-record tables (``files``: the part files it writes, per table) and
-    return its barrier candidates, counters and Perfetto candidates; the doorbells / wqes parts go to scratch
+    return its barrier hit counts, counters and Perfetto candidates; the doorbells / wqes parts go to scratch
     (``driver`` joins them into the single-file tables)."""
     L, ops_t, comp_t, gid, D, W, to_ns = _tables(part, ctx, g)
     for name, t in (("doorbells", D), ("wqes", W)):
-        PQ._write(PQ.conform(name, PQ.to_table(dict(t))), part.dir / f"{name}.parquet")
+        with store.writing(part.dir / f"{name}.parquet") as tmp:
+            PQ._write(PQ.conform(name, PQ.to_table(dict(t))), tmp)
     for path, lo, hi in files.get("ops", ()):
-        PQ._write_ranges("ops", ops_t, path, lo=lo, hi=hi)
+        with store.writing(path) as tmp:
+            PQ._write_ranges("ops", ops_t, tmp, lo=lo, hi=hi)
     for path, lo, hi in files.get("completions", ()):
-        PQ._write_ranges("completions", comp_t, path, lo=lo, hi=hi)
+        with store.writing(path) as tmp:
+            PQ._write_ranges("completions", comp_t, tmp, lo=lo, hi=hi)
     if files.get("flows"):
         m = np.flatnonzero(L["matched"])
         tmp = Correlated()
         tmp.tables["ops"] = ops_t
         derived.build_flows(tmp, part_gids(np.arange(len(m)), g["flow_local"], g["flow_global"]))
         for path, lo, hi in files["flows"]:
-            PQ._write_ranges("flows", tmp.tables["flows"], path, lo=int(np.searchsorted(m, lo)),
-                             hi=int(np.searchsorted(m, hi)))
+            with store.writing(path) as part_tmp:
+                PQ._write_ranges("flows", tmp.tables["flows"], part_tmp, lo=int(np.searchsorted(m, lo)),
+                                 hi=int(np.searchsorted(m, hi)))
     keep = ctx["max_events"] if ctx["perfetto"] else None
     n_events, host, n_host = 0, [], 0
     for path in files.get("events", ()):
-        n_events, host, n_host = PQ._write_part((path, L["events"], to_ns, ctx["node_of"], ctx["batch_records"], keep))
+        with store.writing(path) as tmp:
+            n_events, host, n_host = PQ._write_part((tmp, L["events"], to_ns, ctx["node_of"], ctx["batch_records"],
+                                                     keep))
     _, bar = derived.barrier_candidates(ops_t)
-    res = dict(events=n_events, barriers=bar)
+    store.save_arrays(part.dir / "barriers.npz", **bar)
+    res = dict(events=n_events, barrier_counts=derived.barrier_counts(bar))
     topk = None
     if ctx["perfetto"]:
         qlo, qhi = g["qp_range"]
@@ -382,6 +391,17 @@ def write(part: Part, ctx, g, files):
         topk = (np.sort(host_cols["ns"]) if host_cols else np.zeros(0, np.int64),
                 np.sort(np.asarray(D["ns"])[dw]), np.sort(cand_ns[e]))
     return res, topk
+
+
+def barrier_arrivals(part: Part, series):
+    """The part's arrivals at the barriers of ``series`` (``derived.barrier_series`` of every part's counts):
+    every hit of a participant is in its part, so its k-th hits and earliest arrivals are found here."""
+    return derived.barrier_arrivals(store.load_arrays(part.dir / "barriers.npz"), series)
+
+
+def barrier_candidates(part: Part):
+    """The part's barrier candidates (when a participant's hits are in several parts)."""
+    return store.load_arrays(part.dir / "barriers.npz")
 
 
 def merge_earliest(keep, *parts):

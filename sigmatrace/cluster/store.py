@@ -1,25 +1,36 @@
 """The cluster report's scratch space: one directory per part of the capture on the shared filesystem, where
 each task leaves what a later task of its part reads (decoded records, the part's operations, the exchange
-files of the peer matching).  Files are written whole and renamed into place, so a task that Dask runs again
-(its worker died) rewrites the same bytes and a reader never sees half a file."""
+files of the peer matching).  Files are written whole and renamed into place (``writing``; the table parts a
+task writes into the report too), so a task that Dask runs again (its worker died) rewrites the same bytes and a
+reader never sees half a file."""
 from __future__ import annotations
 
 import os
 import pickle
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 
-def _atomic(path, write):
+@contextmanager
+def writing(path):
+    """A temporary name next to ``path`` to write to; renamed to ``path`` when the block ends without error.
+    Hidden, and not ending in the final suffix: a reader globbing ``*.parquet`` never sees it."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(write):x}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        write(tmp)
+        yield tmp
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _atomic(path, write):
+    with writing(path) as tmp:
+        write(tmp)
 
 
 def save(path, obj):

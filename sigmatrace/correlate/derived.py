@@ -78,67 +78,128 @@ def barrier_candidates(ops_t, ops_codes=BARRIER_OPS):
     return cand[keep0], {k: v[keep0] for k, v in o.items()}
 
 
-def build_barriers(out, cand=None):
-    """The barriers and barrier_arrivals tables.  ``cand``: the candidate operations' columns
-    (``barrier_candidates``' second result, rows in op id order) when the ops table is not here."""
-    T = out.tables
-    if cand is None:
-        _, cand = barrier_candidates(T["ops"])
-    sel = np.asarray(cand["op_id"], np.int64)
-    ops = _Sparse({k: cand[k] for k in BARRIER_COLUMNS}, sel)
-    empty_b = dict(barrier=np.zeros(0, np.int64), series=np.zeros(0, np.int64), instance=np.zeros(0, np.int64),
-                   participants=np.zeros(0, np.int64), first_ns=np.zeros(0, np.int64), last_ns=np.zeros(0, np.int64),
-                   spread_ns=np.zeros(0, np.int64), first_participant=np.zeros(0, np.int64),
-                   straggler=np.zeros(0, np.int64), straggler_rank=np.zeros(0, np.int64),
-                   straggler_gpu=np.zeros(0, np.int64), straggler_label=np.zeros(0, object),
-                   arrival_order=np.zeros(0, object))
-    empty_a = dict(barrier=np.zeros(0, np.int64), participant=np.zeros(0, np.int64), gpu=np.zeros(0, np.int64),
-                   process=np.zeros(0, np.int64), rank=np.zeros(0, np.int64), node=np.zeros(0, np.int64),
-                   label=np.zeros(0, object), ns=np.zeros(0, np.int64), position=np.zeros(0, np.int64),
-                   wait_ns=np.zeros(0, np.int64), op_id=np.zeros(0, np.int64))
-    T["barriers"], T["barrier_arrivals"] = empty_b, empty_a
-    if len(sel) == 0:
-        return
-    gpu = ops["gpu"][sel]
-    part = np.where(gpu >= 0, gpu, -1 - ops["process"][sel])
-    # address key: (dst process, raddr)
-    addr = np.stack([ops["dst_process"][sel].astype(np.int64), ops["raddr"][sel].astype(np.uint64).view(np.int64)], 1)
-    ua, ainv = np.unique(addr, axis=0, return_inverse=True)
-    ainv = ainv.ravel()
-    # per (address, participant) hit counts
-    ap = np.stack([ainv, part], 1)
-    uap, apinv, apcnt = np.unique(ap, axis=0, return_inverse=True, return_counts=True)
-    apinv = apinv.ravel()
+def _participant(cand):
+    """Per candidate: its participant, the GPU (>= 0) or, for CPU-initiated traffic, -1 - process."""
+    gpu = np.asarray(cand["gpu"], np.int64)
+    return np.where(gpu >= 0, gpu, -1 - np.asarray(cand["process"], np.int64))
+
+
+def _addresses(cand):
+    return np.stack([np.asarray(cand["dst_process"]).astype(np.int64),
+                     np.asarray(cand["raddr"]).astype(np.uint64).view(np.int64)], 1)
+
+
+def barrier_counts(cand):
+    """Hits per (address, participant) of the candidates (``barrier_candidates``' columns): dst_process, raddr
+    (int64 view), participant, count -- one row per pair, whatever the number of hits."""
+    ap = np.concatenate([_addresses(cand), _participant(cand)[:, None]], 1)
+    u, cnt = np.unique(ap, axis=0, return_counts=True) if len(ap) else (np.zeros((0, 3), np.int64),
+                                                                        np.zeros(0, np.int64))
+    return dict(dst_process=u[:, 0], raddr=u[:, 1], participant=u[:, 2], count=cnt.astype(np.int64))
+
+
+def barrier_series(counts):
+    """The barrier addresses and their series from ``barrier_counts`` rows (of one or several parts; a pair
+    in several is summed): dst_process, raddr, series -- addresses in (dst_process, raddr) order.  A barrier
+    address has >= 2 participants that hit it equally often; series = rank of (participants, episodes)."""
+    ap = np.stack([np.asarray(counts["dst_process"], np.int64), np.asarray(counts["raddr"], np.int64),
+                   np.asarray(counts["participant"], np.int64)], 1)
+    z = np.zeros(0, np.int64)
+    if not len(ap):
+        return dict(dst_process=z, raddr=z, series=z)
+    uap, inv = np.unique(ap, axis=0, return_inverse=True)
+    apcnt = np.bincount(inv.ravel(), weights=counts["count"], minlength=len(uap)).astype(np.int64)
+    ua, a_of = np.unique(uap[:, :2], axis=0, return_inverse=True)
+    a_of = a_of.ravel()
     na = len(ua)
-    nparts = np.bincount(uap[:, 0], minlength=na)
+    nparts = np.bincount(a_of, minlength=na)
     cmin = np.full(na, np.iinfo(np.int64).max)
     cmax = np.zeros(na, np.int64)
-    np.minimum.at(cmin, uap[:, 0], apcnt)
-    np.maximum.at(cmax, uap[:, 0], apcnt)
-    is_bar_addr = (nparts >= 2) & (cmin == cmax)
-    keep = is_bar_addr[ainv]
-    if not keep.any():
-        return
-    sel, part, ainv = sel[keep], part[keep], ainv[keep]
-    episodes = cmax[ainv]
+    np.minimum.at(cmin, a_of, apcnt)
+    np.maximum.at(cmax, a_of, apcnt)
+    bar = np.flatnonzero((nparts >= 2) & (cmin == cmax))
+    if not len(bar):
+        return dict(dst_process=z, raddr=z, series=z)
     # series: addresses grouped by (participant set size, episode count)
-    series_key = np.stack([nparts[ainv], episodes], 1)
-    us, sinv = np.unique(series_key, axis=0, return_inverse=True)
-    sinv = sinv.ravel()
+    _, sinv = np.unique(np.stack([nparts[bar], cmax[bar]], 1), axis=0, return_inverse=True)
+    return dict(dst_process=ua[bar, 0], raddr=ua[bar, 1], series=sinv.ravel().astype(np.int64))
+
+
+def barrier_arrivals(cand, series, op_ids=None):
+    """The arrivals of the candidates (columns, rows in op id order; ``op_ids``: theirs, default
+    ``cand["op_id"]``) at the barriers of ``series`` (``barrier_series``): (keys (series, instance k,
+    participant) sorted, earliest ns, op id of the earliest hit).  A participant's arrival at instance k is its
+    earliest k-th hit across the series' addresses; every hit of a participant must be among the candidates
+    (the cluster report: a participant's operations are all in one part)."""
+    sel = np.asarray(cand["op_id"] if op_ids is None else op_ids, np.int64)
+    empty = (np.zeros((0, 3), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if not len(sel) or not len(series["series"]):
+        return empty
+    sa = np.stack([np.asarray(series["dst_process"], np.int64), np.asarray(series["raddr"], np.int64)], 1)
+    _, inv = np.unique(np.concatenate([sa, _addresses(cand)]), axis=0, return_inverse=True)
+    inv = inv.ravel()
+    idx_of = np.full(int(inv.max()) + 1, -1, np.int64)
+    idx_of[inv[:len(sa)]] = np.arange(len(sa))
+    ainv = idx_of[inv[len(sa):]]
+    keep = ainv >= 0
+    if not keep.any():
+        return empty
+    ns = np.asarray(cand["ns"], np.int64)[keep]
+    sel, part, ainv = sel[keep], _participant(cand)[keep], ainv[keep]
+    sinv = np.asarray(series["series"], np.int64)[ainv]
     # k-th hit of each participant at each address
     gk = ainv.astype(np.int64) * (1 << 32) + (part + (1 << 20))
-    k = rank_in_group(gk, ops["ns"][sel].astype(np.float64))
+    k = rank_in_group(gk, ns.astype(np.float64))
     # arrival(series, k, participant) = earliest over the series' addresses
     key = np.stack([sinv, k, part], 1)
     uk, kinv = np.unique(key, axis=0, return_inverse=True)
     kinv = kinv.ravel()
     arr_ns = np.full(len(uk), np.iinfo(np.int64).max)
-    np.minimum.at(arr_ns, kinv, ops["ns"][sel])
+    np.minimum.at(arr_ns, kinv, ns)
     arr_op = np.full(len(uk), -1, np.int64)
     # op id of the earliest hit
-    o = np.lexsort((ops["ns"][sel], kinv))
+    o = np.lexsort((ns, kinv))
     f = group_starts(kinv[o])
     arr_op[kinv[o][f]] = sel[o][f]
+    return uk, arr_ns, arr_op
+
+
+def _empty_barriers(T):
+    T["barriers"] = dict(barrier=np.zeros(0, np.int64), series=np.zeros(0, np.int64), instance=np.zeros(0, np.int64),
+                         participants=np.zeros(0, np.int64), first_ns=np.zeros(0, np.int64),
+                         last_ns=np.zeros(0, np.int64), spread_ns=np.zeros(0, np.int64),
+                         first_participant=np.zeros(0, np.int64), straggler=np.zeros(0, np.int64),
+                         straggler_rank=np.zeros(0, np.int64), straggler_gpu=np.zeros(0, np.int64),
+                         straggler_label=np.zeros(0, object), arrival_order=np.zeros(0, object))
+    T["barrier_arrivals"] = dict(barrier=np.zeros(0, np.int64), participant=np.zeros(0, np.int64),
+                                 gpu=np.zeros(0, np.int64), process=np.zeros(0, np.int64),
+                                 rank=np.zeros(0, np.int64), node=np.zeros(0, np.int64), label=np.zeros(0, object),
+                                 ns=np.zeros(0, np.int64), position=np.zeros(0, np.int64),
+                                 wait_ns=np.zeros(0, np.int64), op_id=np.zeros(0, np.int64))
+
+
+def build_barriers(out, cand=None):
+    """The barriers and barrier_arrivals tables.  ``cand``: the candidate operations' columns
+    (``barrier_candidates``' second result, rows in op id order) when the ops table is not here.  In three
+    steps that the cluster report runs apart (per part, then merged): ``barrier_counts``, ``barrier_series``,
+    ``barrier_arrivals``; then ``barrier_tables``."""
+    if cand is None:
+        _, cand = barrier_candidates(out.tables["ops"])
+    _empty_barriers(out.tables)
+    if not len(cand["op_id"]):
+        return
+    series = barrier_series(barrier_counts(cand))
+    uk, arr_ns, arr_op = barrier_arrivals(cand, series)
+    if len(uk):
+        barrier_tables(out, uk, arr_ns, arr_op)
+
+
+def barrier_tables(out, uk, arr_ns, arr_op):
+    """The barriers and barrier_arrivals tables from the arrivals (``barrier_arrivals``: keys sorted)."""
+    T = out.tables
+    _empty_barriers(T)
+    if not len(uk):
+        return
     # barrier id per (series, k)
     bk = uk[:, :2]
     ub, binv = np.unique(bk, axis=0, return_inverse=True)
@@ -186,24 +247,6 @@ def build_barriers(out, cand=None):
         first_participant=uk[first_i, 2], straggler=uk[last_i, 2], straggler_rank=rank_of[last_i],
         straggler_gpu=gpu_of[last_i], straggler_label=lab[last_i],
         arrival_order=np.array([json.dumps(x) for x in orders], dtype=object))
-
-
-class _Sparse(dict):
-    """Columns of selected op rows, indexable by op id arrays (ids in ``sel`` only)."""
-
-    def __init__(self, cols, sel):
-        super().__init__()
-        self._sel = np.asarray(sel, np.int64)
-        for k, v in cols.items():
-            self[k] = _SparseCol(v, self._sel)
-
-
-class _SparseCol:
-    def __init__(self, v, sel):
-        self.v, self.sel = v, sel
-
-    def __getitem__(self, ids):
-        return self.v[np.searchsorted(self.sel, ids)]
 
 
 def doorbell_losses(D, nproc):

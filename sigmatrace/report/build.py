@@ -127,18 +127,24 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet,
                                  f"hold everything")
     t = time.perf_counter()
     con = connect(out)   # the written Parquet tables: the same views `sigmatrace query` sees
-    summary = build_summary(corr, con, pstats)
-    summary["timings_s"] = timings
-    write_summary(summary, out / "summary.json")
-    timings["summary_s"] = time.perf_counter() - t
-    if figures:
-        t = time.perf_counter()
-        try:
-            _figures(con, out / "figures", progress=prog)
-        except Exception as e:  # figures are a convenience: never lose the report for them
-            corr.warnings.append(f"figures not drawn: {e}")
-        prog.close()
-        timings["figures_s"] = time.perf_counter() - t
+    spill = _bounded(con, out) if cluster is not None else None
+    try:
+        summary = build_summary(corr, con, pstats)
+        summary["timings_s"] = timings
+        write_summary(summary, out / "summary.json")
+        timings["summary_s"] = time.perf_counter() - t
+        if figures:
+            t = time.perf_counter()
+            try:
+                _figures(con, out / "figures", progress=prog)
+            except Exception as e:  # figures are a convenience: never lose the report for them
+                corr.warnings.append(f"figures not drawn: {e}")
+            prog.close()
+            timings["figures_s"] = time.perf_counter() - t
+    finally:
+        if spill is not None:
+            con.close()
+            shutil.rmtree(spill, ignore_errors=True)
     return corr, summary, timings
 
 
@@ -151,17 +157,31 @@ def _on_cluster(cluster, files, out, prog, quiet, timings, **kw):
         if link and not quiet:
             print(f"sigmatrace: Dask dashboard {link}", file=sys.stderr, flush=True)
         t = time.perf_counter()
-        stages = {}
+        stages, held = {}, {}
         try:
-            got = C.correlate_and_write(client, files, out, progress=prog, stage_s=stages, **kw)
+            got = C.correlate_and_write(client, files, out, progress=prog, stage_s=stages, held=held, **kw)
         finally:
             prog.close()
         timings["correlate_and_tables_s"] = time.perf_counter() - t
         timings["cluster_stages_s"] = stages
+        timings["cluster_driver_rows"] = held
         return got
     finally:
         if close is not None:
             close()
+
+
+DRIVER_MEMORY = "4GB"
+
+
+def _bounded(con, out):
+    """The cluster report's summary and figures within a memory limit (SIGMATRACE_DRIVER_MEMORY, default
+    DRIVER_MEMORY): DuckDB's aggregations, joins and sorts over the written tables spill to a directory beside
+    the report instead of growing with the capture (docs/cluster.md)."""
+    spill = out.parent / f".{out.name}.spill"
+    con.execute(f"SET memory_limit = '{os.environ.get('SIGMATRACE_DRIVER_MEMORY', DRIVER_MEMORY)}'")
+    con.execute(f"SET temp_directory = '{spill}'")
+    return spill
 
 
 FIGURE_KINDS = 7   # node, rank, GPU matrices; GPU, node bandwidth; barriers; latency

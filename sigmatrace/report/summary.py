@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ..analysis import comm_matrix, op_latency, skew
+from ..analysis.quantile import grouped_quantiles
 from ..correlate.collectives import KINDS
 from ..format import layout as L
 from ..mlx5.verbs import OPCODE_VOCAB
@@ -107,9 +108,9 @@ def build_summary(corr, con=None, perfetto_stats=None):
     s["clock"] = {"refinement": corr.clock_info,
                   "nodes": [dict(zip(C.keys(), vals)) for vals in zip(*C.values())]}
     # over the written table, where an unknown latency is NULL (no completion recorded): only measured ones count
-    n_lat, mean, p50, p99, mx = con.execute(
-        "SELECT count(latency_ns), avg(latency_ns), quantile_cont(latency_ns, 0.5), quantile_cont(latency_ns, 0.99), "
-        "max(latency_ns) FROM ops").fetchone()
+    n_lat, mean, mx = con.execute("SELECT count(latency_ns), avg(latency_ns), max(latency_ns) FROM ops").fetchone()
+    p50, p99 = grouped_quantiles(con, "SELECT latency_ns FROM ops", (), "latency_ns", (0.5, 0.99)).get((), (0, 0)) \
+        if n_lat else (0, 0)
     s["wr_latency_ns"] = ({"count": int(n_lat), "mean": float(mean), "p50": float(p50), "p99": float(p99),
                            "max": int(mx)} if n_lat else {"count": 0})
     s["latency"] = [{k: v for k, v in g.items() if k != "hist"} for g in op_latency(con, hist=False)]

@@ -420,27 +420,35 @@ def write_tables(corr, out_dir, names=TABLES, progress=None, collect_host=None, 
     return {k: written[k] for k in names if k in written}
 
 
-def join_parts(parts, dest):
-    """One table file ``dest`` from part files of the same table in row order (row group by row group, so no
-    more than one is in memory): the cluster report's single-file tables.  Empty parts are skipped (their
-    string columns are not dictionary-typed); all empty: the first is the table."""
+JOIN_BATCH_ROWS = 1 << 20
+
+
+def join_parts(parts, dest, batch_rows=None):
+    """One table file ``dest`` from part files of the same table in row order, ``batch_rows`` rows at a time
+    (so no more than one batch is in memory, whatever a part's size): the cluster report's single-file
+    tables.  Empty parts are skipped (their string columns are not dictionary-typed); all empty: the first is
+    the table.  Returns the most rows held at once."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
+    batch_rows = batch_rows or JOIN_BATCH_ROWS
     full = [p for p in parts if pq.ParquetFile(p).metadata.num_rows]
     if not full:
         shutil.copyfile(parts[0], dest)
-        return
-    writer = None
+        return 0
+    writer, most = None, 0
     try:
         for p in full:
             f = pq.ParquetFile(p)
-            for i in range(f.num_row_groups):
-                t = f.read_row_group(i)
+            for b in f.iter_batches(batch_size=batch_rows):
+                t = pa.Table.from_batches([b])
+                most = max(most, t.num_rows)
                 if writer is None:
                     writer = pq.ParquetWriter(dest, t.schema, **_opts(t.schema))
                 writer.write_table(t, row_group_size=max(t.num_rows, 1))
     finally:
         if writer is not None:
             writer.close()
+    return most
 
 
 def _run_job(kind, task):
