@@ -99,8 +99,10 @@ static void write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, co
 		nanosleep(&ts, NULL);
 	}
 	struct iovec iov[3] = {{&h, sizeof(h)}, {(void *)p, len}, {(void *)zeros, pad}};
-	if (write_all(iov, 3) == 0)
+	if (write_all(iov, 3) == 0) {
 		ctl->chunks_written++;
+		ctl->file_good += sizeof(h) + len + pad;
+	}
 }
 
 static void write_json(uint16_t kind, uint32_t thread_index, const struct st_json *j)
@@ -447,6 +449,9 @@ int main(int argc, char **argv)
 		return 3;
 	ctl = m;
 	st_cfg = ctl->cfg;
+	/* a consumer before this one may have died in the middle of a chunk */
+	if (ftruncate(trace_fd, (off_t)ctl->file_good) != 0 || lseek(trace_fd, (off_t)ctl->file_good, SEEK_SET) < 0)
+		return 3;
 	__atomic_store_n(&ctl->consumer_pid, (int32_t)getpid(), __ATOMIC_RELEASE);
 
 	/* the TSC rate from the traced process's load-time pair (at least 2 ms apart, as the writer thread) */

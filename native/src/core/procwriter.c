@@ -7,11 +7,10 @@
  *    libsigmatrace.so) is started with the memfd, the trace file and a pidfd
  *    of this process;
  *  - the consumer is never this program's child: it is started by a
- *    short-lived intermediate made with clone(CLONE_VM|CLONE_VFORK) and no
- *    exit signal, which the tracer reaps by its pid with __WALL (no SIGCHLD
- *    reaches the program, and the program's wait(-1) cannot see it, since it
- *    has no exit signal); the consumer, orphaned, belongs to init (or to a
- *    subreaper);
+ *    short-lived intermediate made with a raw clone and no exit signal,
+ *    which the tracer reaps by its pid with __WALL (no SIGCHLD reaches the
+ *    program, and the program's wait(-1) cannot see it, since it has no exit
+ *    signal); the consumer, orphaned, belongs to init (or to a subreaper);
  *  - the end: the request goes into the control block and the consumer
  *    writes it; the tracer waits a bounded time (a dead consumer is replaced
  *    once, so what the rings still hold and END are written).
@@ -20,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -39,7 +39,7 @@ static uint64_t next_off;
 static pthread_mutex_t region_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *slot_local[ST_SHM_MAX_THREADS]; /* this process's mapping of each live slot */
 static uint32_t next_index = 1;
-static int consumer_pid, gone, respawned;
+static int consumer_pid, consumer_pidfd = -1, gone, respawned;
 static char exe_path[PATH_MAX];
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -181,7 +181,12 @@ int st_pw_consumer_gone(void)
 	if (gone)
 		return 1;
 	int saved = errno;
-	if (consumer_pid > 0 && !alive(consumer_pid))
+	if (consumer_pidfd >= 0) {
+		/* readable once it has exited, reaped or not (a container's init may never reap it) */
+		struct pollfd p = {.fd = consumer_pidfd, .events = POLLIN};
+		if (poll(&p, 1, 0) > 0)
+			gone = 1;
+	} else if (consumer_pid > 0 && !alive(consumer_pid))
 		gone = 1;
 	errno = saved;
 	return gone;
@@ -193,8 +198,6 @@ struct spawn_args {
 	int fds[3];
 	char *argv[8];
 	char bufs[5][24];
-	int grandchild;
-	char stack2[16384] __attribute__((aligned(16)));
 };
 
 static void itoa_(char *out, long v)
@@ -213,14 +216,11 @@ static void itoa_(char *out, long v)
 	out[k] = 0;
 }
 
-/* The consumer itself (a vfork child of the intermediate: shares our memory
- * until execve, so only system calls here). */
-__attribute__((no_sanitize("address", "thread", "undefined"))) static int spawn_exec(void *arg)
+/* The consumer itself, in the grandchild (a copy of this process, every
+ * signal blocked): only system calls until execve. */
+__attribute__((noreturn)) static void spawn_exec(struct spawn_args *a)
 {
-	struct spawn_args *a = arg;
 	static char *const envp[] = {NULL}; /* no LD_PRELOAD: the consumer is not traced */
-	sigset_t none;
-	sigemptyset(&none);
 	int null = (int)syscall(SYS_open, "/dev/null", O_RDWR);
 	if (null >= 0) {
 		/* never hold the program's pipes (a reader waiting for EOF would wait for the consumer) */
@@ -228,13 +228,9 @@ __attribute__((no_sanitize("address", "thread", "undefined"))) static int spawn_
 			if (null != f)
 				syscall(SYS_dup2, null, f);
 	}
-	int lo = 3;
-	for (int i = 0; i < 3; i++) {
-		int f = a->fds[i];
-		if (f < 0)
-			continue;
-		syscall(SYS_fcntl, f, F_SETFD, 0);
-	}
+	for (int i = 0; i < 3; i++)
+		if (a->fds[i] >= 0)
+			syscall(SYS_fcntl, a->fds[i], F_SETFD, 0);
 	/* every other descriptor of the program: closed at exec */
 	int sorted[3] = {a->fds[0], a->fds[1], a->fds[2]};
 	for (int i = 0; i < 3; i++)
@@ -244,6 +240,7 @@ __attribute__((no_sanitize("address", "thread", "undefined"))) static int spawn_
 				sorted[i] = sorted[j];
 				sorted[j] = t;
 			}
+	int lo = 3;
 	for (int i = 0; i < 3; i++) {
 		if (sorted[i] < lo)
 			continue;
@@ -252,30 +249,26 @@ __attribute__((no_sanitize("address", "thread", "undefined"))) static int spawn_
 		lo = sorted[i] + 1;
 	}
 	syscall(436 /* close_range */, lo, ~0u, CLOSE_RANGE_CLOEXEC);
-	(void)none; /* the mask (all blocked) goes through exec: the consumer unblocks what it wants */
+	/* the mask (all blocked) goes through exec: the consumer unblocks what it wants */
 	syscall(SYS_execve, a->argv[0], a->argv, envp);
-	syscall(SYS_exit, 127);
-	return 127;
-}
-
-/* The intermediate: starts the consumer and exits (it has no exit signal). */
-__attribute__((no_sanitize("address", "thread", "undefined"))) static int spawn_mid(void *arg)
-{
-	struct spawn_args *a = arg;
-	a->grandchild = clone(spawn_exec, a->stack2 + sizeof(a->stack2), CLONE_VM | CLONE_VFORK | SIGCHLD, a);
-	syscall(SYS_exit, 0);
-	return 0;
+	syscall(SYS_exit_group, 127);
+	__builtin_unreachable();
 }
 
 static struct spawn_args spawn_buf; /* static: may run in a signal handler (no large stack frame) */
-static char stack1[16384] __attribute__((aligned(16)));
 
+/* Raw clone system calls, not fork/vfork/clone/posix_spawn: no atfork handler
+ * of the program runs, the intermediate has no exit signal (no SIGCHLD, and
+ * the program's wait(-1) cannot reap it), and a sanitizer runtime that
+ * intercepts those functions never sees a "fork" (ThreadSanitizer would
+ * then refuse new threads in the program).  The price: the intermediate is
+ * a copy-on-write copy of this process (page tables, once per activation). */
 static int spawn_consumer(void)
 {
-	if (!exe_path[0])
+	if (!exe_path[0] || shm_fd < 0)
 		return -1;
 	struct spawn_args *a = &spawn_buf;
-	memset(a, 0, offsetof(struct spawn_args, stack2));
+	memset(a, 0, sizeof(*a));
 	a->fds[0] = shm_fd;
 	a->fds[1] = trace_fd_;
 	a->fds[2] = pid_fd;
@@ -287,23 +280,41 @@ static int spawn_consumer(void)
 	for (int i = 0; i < 4; i++)
 		a->argv[i + 1] = a->bufs[i];
 	a->argv[5] = NULL;
-	a->grandchild = -1;
 	if (access(exe_path, X_OK) != 0)
+		return -1;
+	int32_t zero = 0;
+	if (pwrite(shm_fd, &zero, sizeof(zero), offsetof(struct st_shm_ctl, spawned_pid)) != sizeof(zero))
 		return -1;
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old); /* no handler of the program may run in the children */
-	int mid = clone(spawn_mid, stack1 + sizeof(stack1), CLONE_VM | CLONE_VFORK, a); /* exit signal: none */
+	long mid = syscall(SYS_clone, 0L /* exit signal: none */, 0L, 0L, 0L, 0L);
+	if (mid == 0) {
+		long g = syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
+		if (g == 0)
+			spawn_exec(a);
+		int32_t gp = (int32_t)g;
+		if (g > 0) /* the parent learns the consumer's pid through the memfd (its mapping is not here) */
+			syscall(SYS_pwrite64, shm_fd, &gp, sizeof(gp), (long)offsetof(struct st_shm_ctl, spawned_pid));
+		syscall(SYS_exit_group, g > 0 ? 0 : 1);
+	}
 	int saved = errno;
+	int status = -1;
 	if (mid > 0) {
-		while (waitpid(mid, NULL, __WALL) < 0 && errno == EINTR)
+		while (waitpid((pid_t)mid, &status, __WALL) < 0 && errno == EINTR)
 			;
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	errno = saved;
-	if (mid <= 0 || a->grandchild <= 0)
+	int32_t g = __atomic_load_n(&st_shm->spawned_pid, __ATOMIC_ACQUIRE);
+	if (mid <= 0 || status != 0 || g <= 0)
 		return -1;
-	consumer_pid = a->grandchild;
+	consumer_pid = g;
+	if (consumer_pidfd >= 0)
+		close(consumer_pidfd);
+	consumer_pidfd = (int)syscall(434 /* pidfd_open */, consumer_pid, 0);
+	if (consumer_pidfd >= 0)
+		fcntl(consumer_pidfd, F_SETFD, FD_CLOEXEC);
 	gone = 0;
 	return 0;
 }
@@ -456,7 +467,9 @@ void st_pw_atfork_child(void)
 		close(shm_fd);
 	if (pid_fd >= 0)
 		close(pid_fd);
-	shm_fd = pid_fd = -1;
+	if (consumer_pidfd >= 0)
+		close(consumer_pidfd);
+	shm_fd = pid_fd = consumer_pidfd = -1;
 	trace_fd_ = -1; /* closed by the caller (st_trace_fd) */
 	next_off = 0;
 	memset(slot_local, 0, sizeof(slot_local));

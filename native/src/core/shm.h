@@ -65,6 +65,8 @@ struct st_shm_ctl {
 	/* wake-up: the consumer sleeps on wseq (a shared futex) */
 	uint32_t wseq, wsleeping;
 	int32_t consumer_pid; /* the running consumer (0: none yet) */
+	int32_t spawned_pid;  /* written by the intermediate (pwrite): the consumer it started */
+	uint32_t pad0;
 	uint32_t consumer_ready; /* the consumer has mapped the block */
 
 	/* the end: the traced process asks, the consumer writes it and says done */
@@ -98,6 +100,8 @@ struct st_shm_ctl {
 	uint32_t threads_seen, trace_closed;
 	uint32_t hdr_written_seq; /* the header text last written */
 	uint32_t calib_start_written;
+	uint64_t file_good; /* bytes of the file that are whole chunks: a consumer killed mid-write left a torn
+			     * chunk past it, which the next one cuts off (the chunk is still FULL: written again) */
 };
 
 #endif /* ST_SHM_H */
