@@ -24,6 +24,7 @@
 #include "writer_internal.h"
 
 void st_publish_header(void) ST_HIDDEN;
+void st_side_use_shared(struct st_side_lane *shared, uint32_t *n) ST_HIDDEN;
 void st_publish_header_atfork_child(void) ST_HIDDEN;
 
 int st_active;
@@ -203,6 +204,7 @@ void st_activate(void)
 			act_failed = 1;
 		} else if (st_cfg.writer_process && st_pw_activate(st_trace_fd) == 0) {
 			/* the consumer process writes the file: no thread here */
+			st_side_use_shared(st_shm->lanes, &st_shm->nlanes);
 			__atomic_store_n(&st_active, 1, __ATOMIC_RELEASE);
 			st_publish_header();
 			install_signals();

@@ -221,12 +221,12 @@ static void itoa_(char *out, long v)
 __attribute__((noreturn)) static void spawn_exec(struct spawn_args *a)
 {
 	static char *const envp[] = {NULL}; /* no LD_PRELOAD: the consumer is not traced */
-	int null = (int)syscall(SYS_open, "/dev/null", O_RDWR);
+	int null = (int)syscall(SYS_openat, AT_FDCWD, "/dev/null", O_RDWR);
 	if (null >= 0) {
 		/* never hold the program's pipes (a reader waiting for EOF would wait for the consumer) */
 		for (int f = 0; f < 3; f++)
 			if (null != f)
-				syscall(SYS_dup2, null, f);
+				syscall(SYS_dup3, null, f, 0);
 	}
 	for (int i = 0; i < 3; i++)
 		if (a->fds[i] >= 0)
@@ -319,6 +319,28 @@ static int spawn_consumer(void)
 	return 0;
 }
 
+/* The consumer has mapped the block (it says so in consumer_pid): 0; -1 when
+ * it died first (it could not be executed) or took more than ~2 s. */
+static int consumer_started(void)
+{
+	uint64_t deadline = 0;
+	for (unsigned i = 0;; i++) {
+		if (__atomic_load_n(&st_shm->consumer_pid, __ATOMIC_ACQUIRE) == consumer_pid)
+			return 0;
+		if (st_pw_consumer_gone())
+			return -1;
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		uint64_t now = (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+		if (!deadline)
+			deadline = now + 2000;
+		else if (now >= deadline)
+			return -1;
+		struct timespec nap = {0, i < 100 ? 50000 : 1000000};
+		nanosleep(&nap, NULL);
+	}
+}
+
 /* ---- activation ---------------------------------------------------------------------- */
 
 int st_pw_activate(int trace_fd)
@@ -365,8 +387,16 @@ int st_pw_activate(int trace_fd)
 	if (pid_fd >= 0)
 		fcntl(pid_fd, F_SETFD, FD_CLOEXEC);
 	st_shm = c;
-	if (spawn_consumer() != 0) {
+	if (spawn_consumer() != 0 || consumer_started() != 0) {
 		st_warn("SIGMATRACE_WRITER=process: cannot start %s; using the writer thread", exe_path);
+		/* one that comes up late must never write beside the writer thread */
+		__atomic_store_n(&c->trace_closed, 1, __ATOMIC_RELEASE);
+		if (consumer_pidfd >= 0) {
+			syscall(424 /* pidfd_send_signal */, consumer_pidfd, SIGKILL, NULL, 0);
+			close(consumer_pidfd);
+			consumer_pidfd = -1;
+		}
+		consumer_pid = 0;
 		st_shm = NULL;
 		munmap(side, page_round(side_cap));
 		munmap(c, ctl_bytes);

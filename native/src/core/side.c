@@ -75,16 +75,20 @@ static uint32_t *nlanes_p = &own_nlanes; /* high-water mark (atomic) */
 static __thread struct st_side_lane *tls_lane ST_TLS;
 __thread int st_tls_never_block ST_TLS;
 
+/* Activation with the consumer process's writer, before st_active is
+ * published (whoever sees st_active sees the shared lanes). */
+void st_side_use_shared(struct st_side_lane *shared, uint32_t *n)
+{
+	lanes = shared;
+	nlanes_p = n;
+}
+
 int st_side_lane_open(void)
 {
 	st_tls_never_block = 1; /* also when no lane can be had: the shared buffer is then tried once, never waited for */
 	if (tls_lane)
 		return 0;
-	st_ensure_active(); /* the lanes live where the writer can read them */
-	if (st_shm && lanes != st_shm->lanes) {
-		lanes = st_shm->lanes;
-		nlanes_p = &st_shm->nlanes;
-	}
+	st_ensure_active(); /* the lanes live where the writer can read them (st_side_use_shared) */
 	size_t cap = ((size_t)st_cfg.side_kb * 1024 / 4) & ~(size_t)7;
 	if (cap < 4096)
 		cap = 4096;
