@@ -93,8 +93,8 @@ static void write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, co
 	if (pad)
 		crc = st_crc32(crc, zeros, pad);
 	h.crc32 = crc;
-	if (st_cfg.test_writer_delay_ms) {
-		/* test hook: a slow disk */
+	if (st_cfg.test_writer_delay_ms && !__atomic_load_n(&ctl->end_req, __ATOMIC_ACQUIRE)) {
+		/* test hook: a slow disk (the background rounds; never the end, as the writer thread's final pass) */
 		struct timespec ts = {(time_t)(st_cfg.test_writer_delay_ms / 1000), (long)(st_cfg.test_writer_delay_ms % 1000) * 1000000L};
 		nanosleep(&ts, NULL);
 	}

@@ -461,10 +461,17 @@ void st_pw_end(const char *reason, int sig)
 	c->end_signal = sig;
 	__atomic_store_n(&c->end_req, 1, __ATOMIC_RELEASE);
 	st_pw_kick();
-	/* bounded: a consumer that is gone is replaced once; one that is alive but
-	 * stuck is not waited for beyond ~2 s (the file keeps what it wrote) */
-	uint64_t deadline = mono_ms() + 2000;
+	/* bounded: a consumer that is gone is replaced once; one that is alive is
+	 * waited for while it makes progress (the file grows), at most ~2 s
+	 * without any (the file keeps what it wrote, and the consumer still
+	 * writes the END it was asked for when it gets there) */
+	uint64_t deadline = mono_ms() + 2000, good = __atomic_load_n(&c->file_good, __ATOMIC_ACQUIRE);
 	while (!__atomic_load_n(&c->end_done, __ATOMIC_ACQUIRE)) {
+		uint64_t g = __atomic_load_n(&c->file_good, __ATOMIC_ACQUIRE);
+		if (g != good) {
+			good = g;
+			deadline = mono_ms() + 2000;
+		}
 		if (mono_ms() >= deadline)
 			break;
 		if (st_pw_consumer_gone()) {
