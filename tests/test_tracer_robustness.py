@@ -265,6 +265,21 @@ def test_run_end_to_end_with_hammer(tmp_path, bins):
     assert int(agg["count"].sum()) == 20000 and p.header["launcher"] == "sigmatrace-run"
 
 
+@needs
+@pytest.mark.parametrize("writer", [None, "process", "thread"])
+def test_run_writer_option(tmp_path, bins, writer):
+    """`sigmatrace run --writer` chooses who writes the files (default: the writer thread); the header's
+    options say which one did, and the trace is the same: complete, every call."""
+    out = tmp_path / "t"
+    r = _run_cli(["-o", str(out), "--mode", "full", *(["--writer", writer] if writer else []), "--",
+                  bins["tracer_hammer"], "-t", "2", "-n", "10000"])
+    assert r.returncode == 0, r.stderr
+    cap = read_capture(out)
+    (p,) = cap.processes
+    assert p.complete and p.header["options"]["writer"] == (writer or "thread")
+    assert cq_reads(cap) == 20000
+
+
 SIGEXIT = _native.find("tracer_sigexit")
 
 
@@ -420,11 +435,14 @@ def _threads_of_sleeping_hammer(bins, env):
 
 
 @needs
+@pytest.mark.xfail(strict=True, reason="issue 20 part 1: the consumer process (SIGMATRACE_WRITER=process) adds no "
+                   "thread, but it is not the default yet: with it test_hijack_emu.py::test_stress_100k_ops_depth128_"
+                   "coalescing_wraparound[blocking,sync] lose WQE bytes (TRACE_DROPPED); the default writer is the thread")
 @pytest.mark.parametrize("mode", ["simple", "full"])
 def test_single_threaded_program_stays_single_threaded(tmp_path, bins, mode):
     """Host-only tracing adds no thread: a thread makes glibc leave its single-threaded fast paths for good
-    (mutexes, stdio), which changes the program's cost before anything is recorded.  The default writer is
-    the consumer process (SIGMATRACE_WRITER=process)."""
+    (mutexes, stdio), which changes the program's cost before anything is recorded (with the default
+    writer; the consumer process's test is below)."""
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     env.pop("SIGMATRACE_WRITER", None)
@@ -452,7 +470,7 @@ def test_writer_thread_mode_is_kept(tmp_path, bins):
 
 # ---- the consumer-process writer (SIGMATRACE_WRITER=process, issue 20 part 1) -------------------------------
 
-PROCESS = {"SIGMATRACE_WRITER": "process"}  # the default, said explicitly
+PROCESS = {"SIGMATRACE_WRITER": "process"}  # opt-in
 
 
 def _consumers_of(pid):

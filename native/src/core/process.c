@@ -108,6 +108,7 @@ static int build_process_header(struct st_json *j, int how)
 	st_json_uint(j, "flush_ms", st_cfg.flush_ms);
 	st_json_uint(j, "calib_ms", st_cfg.calib_ms);
 	st_json_bool(j, "signals", st_cfg.signals);
+	st_json_str(j, "writer", st_shm ? "process" : "thread"); /* who wrote the file */
 	st_json_close(j, '}');
 	if (st_mutex_take(&st_ident_lock, how) != 0)
 		return -1;
