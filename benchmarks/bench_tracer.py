@@ -81,13 +81,17 @@ def idle_lib(tmp_path_factory):
     return str(so)
 
 
-def _env(mode, out, idle_lib=None, base=None):
+def _env(mode, out, idle_lib=None, base=None, writer=None):
+    """writer: SIGMATRACE_WRITER (None: the library's default)."""
     env = dict(base if base is not None else os.environ)
     env.pop("LD_PRELOAD", None)
+    env.pop("SIGMATRACE_WRITER", None)
     if mode == "idle":
         env["LD_PRELOAD"] = idle_lib
     elif mode:
         env.update(LD_PRELOAD=str(LIB), SIGMATRACE_MODE=mode, SIGMATRACE_OUTPUT_DIR=str(out))
+        if writer:
+            env["SIGMATRACE_WRITER"] = writer
     return env
 
 
@@ -128,9 +132,9 @@ def hammer(tmp_path_factory):
     return str(exe)
 
 
-def _ns_per_call(hammer, tmp, mode, idle=True, calls=2_000_000):
+def _ns_per_call(hammer, tmp, mode, idle=True, calls=2_000_000, writer=None):
     """(ns per fi_cq_read call, ns per rdtsc, ns of the other threads' CPU per call) of one run."""
-    env = _env(mode, tmp / f"t-{mode}")
+    env = _env(mode, tmp / f"t-{mode}", writer=writer)
     cmd = [hammer, "-p", "udp", "-a", "time", "-n", str(calls)] + (["-i"] if idle else [])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     shutil.rmtree(tmp / f"t-{mode}", ignore_errors=True)
@@ -140,14 +144,21 @@ def _ns_per_call(hammer, tmp, mode, idle=True, calls=2_000_000):
 
 @needs
 def test_recording_cost_per_call(benchmark, hammer, tmp_path):
-    configs = {"untraced_1thread": (None, False), "untraced": (None, True), "simple": ("simple", True),
-               "aggregate": ("aggregate", True), "full": ("full", True)}
+    # (mode, idle thread in the program, SIGMATRACE_WRITER); the *_process configurations write through the
+    # consumer process (no thread in the traced process): `full_process_1thread` is the single-threaded program
+    # traced, against `untraced_1thread`
+    configs = {"untraced_1thread": (None, False, None), "untraced": (None, True, None),
+               "simple": ("simple", True, "thread"), "aggregate": ("aggregate", True, "thread"),
+               "full": ("full", True, "thread"), "aggregate_process": ("aggregate", True, "process"),
+               "full_process": ("full", True, "process"), "full_process_1thread": ("full", False, "process")}
+    calls = int(os.environ.get("SIGMATRACE_BENCH_CALLS", "2000000"))
+    rounds = int(os.environ.get("SIGMATRACE_BENCH_ROUNDS", "5"))
     best = {k: float("inf") for k in configs}
     background = {k: [] for k in configs}
     rdtsc = []
-    for _ in range(5):
-        for name, (mode, idle) in configs.items():
-            ns, tsc, bg = _ns_per_call(hammer, tmp_path, mode, idle)
+    for _ in range(rounds):
+        for name, (mode, idle, writer) in configs.items():
+            ns, tsc, bg = _ns_per_call(hammer, tmp_path, mode, idle, calls, writer)
             best[name] = min(best[name], ns)
             background[name].append(bg)
             rdtsc.append(tsc)
@@ -164,6 +175,13 @@ def test_recording_cost_per_call(benchmark, hammer, tmp_path):
         # the writer thread's CPU per event (on another core if there is one free)
         "full_writer_ns_per_event": round(median(background["full"]) - median(background["untraced"]), 2),
         "multithread_penalty_ns": round(best["untraced"] - best["untraced_1thread"], 2),
+        "aggregate_process_ns": round(best["aggregate_process"] - best["untraced"], 2),
+        "full_process_ns_per_event": round(best["full_process"] - best["untraced"], 2),
+        "full_process_per_rdtsc": round((best["full_process"] - best["untraced"]) / min(rdtsc), 2),
+        # the single-threaded program traced through the consumer process, against itself untraced: the
+        # recording cost with no multithread penalty on top (the writer thread would add it)
+        "full_process_1thread_ns_per_event": round(best["full_process_1thread"] - best["untraced_1thread"], 2),
+        "full_process_writer_ns_per_event": round(median(background["full_process"]) - median(background["untraced"]), 2),
     }
     benchmark.extra_info.update(info)
     print("\nrecording cost per fi_cq_read call (traced - untraced):", info)

@@ -42,6 +42,10 @@ def register(subparsers):
     p.add_argument("--providers", metavar="LIST", default=None,
                    help="comma-separated subset of " + ",".join(PROVIDERS) + " (or all/none; default: all)")
     p.add_argument("--buffer-kb", type=int, default=None, metavar="KB", help="chunk size per thread buffer in KiB")
+    p.add_argument("--writer", choices=("process", "thread"), default=None,
+                   help="who writes the trace files: thread (default): a writer thread inside each traced process; "
+                   "process: a consumer process per traced process drains shared-memory rings, no thread is "
+                   "added to the program")
     p.add_argument("--eager", action="store_true",
                    help="create the trace file at start even if the program never calls a traced library")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")
@@ -94,6 +98,8 @@ def build_env(args, base=None):
         env["SIGMATRACE_BUFFER_KB"] = str(args.buffer_kb)
     if args.eager:
         env["SIGMATRACE_EAGER"] = "1"
+    if getattr(args, "writer", None):
+        env["SIGMATRACE_WRITER"] = args.writer
     return env
 
 

@@ -20,6 +20,9 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "procwriter.h"
+
+void st_pw_thread_publish(void *region) ST_HIDDEN;
 
 __thread struct st_thread *st_tls_self ST_TLS;
 __thread int st_tls_depth ST_TLS;
@@ -63,12 +66,25 @@ static struct st_thread *thread_create(void)
 	head = (head + 4095) & ~(size_t)4095;
 	size_t aggb = st_aggregate() ? ST_AGG_SLOTS * sizeof(struct st_agg_entry) : 0;
 	size_t total = head + aggb + (size_t)n * st_cfg.chunk_bytes;
-	void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (m == MAP_FAILED) {
-		tls_state = 2;
-		return NULL;
+	uint32_t pw_index = 0;
+	void *m;
+	if (st_shm) {
+		/* the consumer process's writer: the ring is a region of the shared memfd */
+		m = st_pw_thread_region(total, &pw_index);
+		if (!m) {
+			tls_state = 2;
+			return NULL;
+		}
+	} else {
+		m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (m == MAP_FAILED) {
+			tls_state = 2;
+			return NULL;
+		}
 	}
 	struct st_thread *t = m;
+	t->data_off = (uint32_t)(head + aggb);
+	t->agg_off = aggb ? (uint32_t)head : 0;
 	t->map_bytes = total;
 	t->nchunks = n;
 	t->tid = (pid_t)syscall(SYS_gettid);
@@ -83,7 +99,9 @@ static struct st_thread *thread_create(void)
 	t->cur = &t->chunks[0];
 	t->base = t->pos = (struct st_event *)t->cur->data;
 	t->lim = t->base + chunk_capacity(ST_CHUNK_EVENTS);
-	if (st_thread_register(t) != 0) {
+	if (st_shm) {
+		t->index = pw_index;
+	} else if (st_thread_register(t) != 0) {
 		munmap(m, total);
 		tls_state = 2;
 		return NULL;
@@ -94,6 +112,8 @@ static struct st_thread *thread_create(void)
 	st_tls_self = t;
 	put_own_record(t, ST_EV_THREAD_START, (uint32_t)t->tid, 0); /* first record of every thread */
 	__atomic_store_n(&t->cur->committed, (uint32_t)sizeof(struct st_event), __ATOMIC_RELEASE);
+	if (st_shm)
+		st_pw_thread_publish(t); /* now the consumer may read it */
 	return t;
 }
 
@@ -116,6 +136,8 @@ static int take_next(struct st_thread *t)
 	if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) != ST_CHUNK_FREE) {
 		if (st_cfg.drop_policy != ST_DROP_BLOCK || st_tls_never_block)
 			return -1; /* a thread that must never wait (a poller) drops even under block */
+		if (st_shm && st_pw_consumer_gone())
+			return -1; /* no consumer to wait for */
 		/* block: wait for the writer, but never forever (a dead writer
 		 * or a handler running on the writer's behalf must not hang us) */
 		for (int i = 0; i < 20000; i++) {
@@ -124,6 +146,8 @@ static int take_next(struct st_thread *t)
 			nanosleep(&ts, NULL);
 			if (__atomic_load_n(&c->state, __ATOMIC_ACQUIRE) == ST_CHUNK_FREE)
 				goto free_now;
+			if (st_shm && (i & 255) == 255 && st_pw_consumer_gone())
+				break;
 		}
 		return -1;
 	}
@@ -298,6 +322,8 @@ void st_thread_exit_current(void)
 	st_tls_self = NULL;
 	__atomic_store_n(&t->exited, 1, __ATOMIC_RELEASE);
 	st_writer_kick();
+	if (st_shm)
+		st_pw_thread_gone(t, t->map_bytes); /* the consumer has its own mapping */
 }
 
 static void thread_key_destructor(void *arg)

@@ -27,6 +27,7 @@ struct st_config st_cfg = {
 	.calib_ms = 1000,
 	.signals = 1,
 	.eager = 0,
+	.writer_process = 0, /* SIGMATRACE_WRITER=process: no thread in the traced process (procwriter.c; opt-in) */
 	.side_kb = 4096,
 	.test_writer_delay_ms = 0,
 };
@@ -195,6 +196,15 @@ void st_config_load(void)
 	env_uint("SIGMATRACE_CALIB_MS", 10, 3600000, &st_cfg.calib_ms);
 	env_bool("SIGMATRACE_SIGNALS", &st_cfg.signals);
 	env_bool("SIGMATRACE_EAGER", &st_cfg.eager);
+	v = getenv("SIGMATRACE_WRITER");
+	if (v && *v) {
+		if (!strcasecmp(v, "thread"))
+			st_cfg.writer_process = 0;
+		else if (!strcasecmp(v, "process"))
+			st_cfg.writer_process = 1;
+		else
+			st_warn("SIGMATRACE_WRITER=\"%.64s\" is not one of thread|process; using thread", v);
+	}
 	env_uint("SIGMATRACE_SIDE_KB", 16, 16384, &st_cfg.side_kb); /* a SIDE chunk holds at most 16 MiB */
 	/* test hook (a slow disk): never set it otherwise */
 	env_uint("SIGMATRACE_TEST_WRITER_DELAY_MS", 0, 10000, &st_cfg.test_writer_delay_ms);

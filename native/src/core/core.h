@@ -54,6 +54,7 @@ struct st_config {
 	int eager;                /* create the file at start even if unused */
 	uint32_t side_kb;         /* SIGMATRACE_SIDE_KB: the process side buffer (a poller's side ring: a quarter) */
 	uint32_t test_writer_delay_ms; /* test hook SIGMATRACE_TEST_WRITER_DELAY_MS: the writer sleeps before each chunk */
+	int writer_process;       /* SIGMATRACE_WRITER=process: a consumer process writes the file (procwriter.c) */
 	char node_id[256];
 	char launcher[32];
 };
@@ -127,6 +128,8 @@ struct st_thread {
 	uint32_t agg_used;
 	uint32_t nchunks;
 	size_t map_bytes;
+	uint32_t data_off;           /* chunk 0's data, from the start of this struct (the consumer process's view) */
+	uint32_t agg_off;            /* the aggregate table, likewise (0: none) */
 	char name[16];
 	struct st_agg_entry *agg;    /* ST_AGG_SLOTS entries (aggregate mode) */
 	struct st_chunk chunks[];

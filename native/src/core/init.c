@@ -15,6 +15,7 @@
 
 #include "core.h"
 #include "interpose/interpose.h"
+#include "procwriter.h"
 
 int st_initialized;
 
@@ -52,6 +53,7 @@ void st_init(void)
 	st_interpose_init();
 	st_writer_init();
 	st_writer_register_atfork();
+	st_pw_init();
 	real_exit_fn = (void (*)(int))st_resolve_next("_exit");
 	real_execve = (int (*)(const char *, char *const[], char *const[]))st_resolve_next("execve");
 	real_execv = (int (*)(const char *, char *const[]))st_resolve_next("execv");

@@ -20,7 +20,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "procwriter.h"
 #include "writer_internal.h"
+
+void st_publish_header(void) ST_HIDDEN;
+void st_side_use_shared(struct st_side_lane *shared, uint32_t *n) ST_HIDDEN;
+void st_publish_header_atfork_child(void) ST_HIDDEN;
 
 int st_active;
 static pthread_mutex_t act_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -44,8 +49,12 @@ static void on_signal(int sig, siginfo_t *si, void *uctx)
 	int chain = !(old->sa_flags & SA_SIGINFO) ? (old->sa_handler != SIG_DFL && old->sa_handler != SIG_IGN) : 1;
 	if (chain) {
 		/* Someone else handles this signal (UCX, a runtime...): write what
-		 * we have without closing the file, then let them decide. */
-		if (st_io_trylock_bounded() == 0) {
+		 * we have without closing the file, then let them decide (the
+		 * consumer process's writer: everything is in shared memory already,
+		 * the consumer is only woken). */
+		if (st_shm)
+			st_writer_kick();
+		else if (st_io_trylock_bounded() == 0) {
 			if (!st_trace_closed) {
 				uint32_t n = __atomic_load_n(&st_nthreads, __ATOMIC_ACQUIRE);
 				for (uint32_t i = 0; i < n; i++)
@@ -62,7 +71,10 @@ static void on_signal(int sig, siginfo_t *si, void *uctx)
 			old->sa_handler(sig);
 		return;
 	}
-	if (getpid() == st_owner_pid && st_io_trylock_bounded() == 0)
+	if (st_shm) {
+		if (getpid() == st_owner_pid && !st_trace_closed)
+			st_pw_end("signal", sig);
+	} else if (getpid() == st_owner_pid && st_io_trylock_bounded() == 0)
 		final_pass("signal", sig, 1, 1);
 	/* restore the original disposition and re-raise */
 	sigaction(sig, old, NULL);
@@ -190,6 +202,12 @@ void st_activate(void)
 		}
 		if (open_output() != 0) {
 			act_failed = 1;
+		} else if (st_cfg.writer_process && st_pw_activate(st_trace_fd) == 0) {
+			/* the consumer process writes the file: no thread here */
+			st_side_use_shared(st_shm->lanes, &st_shm->nlanes);
+			__atomic_store_n(&st_active, 1, __ATOMIC_RELEASE);
+			st_publish_header();
+			install_signals();
 		} else {
 			/* the writer must never receive the program's signals */
 			sigset_t all, old;
@@ -333,6 +351,14 @@ ST_HIDDEN void st_process_exit(const char *reason)
 	if (!owns_trace())
 		return;
 	st_thread_exit_current();
+	if (st_shm) {
+		st_pw_end(reason, 0);
+		if (st_trace_fd >= 0) {
+			close(st_trace_fd);
+			st_trace_fd = -1;
+		}
+		return;
+	}
 	final_pass(reason, 0, 0, 0);
 	if (writer_running) {
 		struct timespec ts;
@@ -355,6 +381,10 @@ ST_HIDDEN void st_process_exit_safe(const char *reason)
 {
 	if (!owns_trace())
 		return;
+	if (st_shm) {
+		st_pw_end(reason, 0);
+		return;
+	}
 	final_pass(reason, 0, 0, 1);
 }
 
@@ -364,7 +394,10 @@ ST_HIDDEN int st_process_exec(void)
 {
 	if (!owns_trace())
 		return 0;
-	final_pass("exec", 0, 0, 1);
+	if (st_shm)
+		st_pw_end("exec", 0);
+	else
+		final_pass("exec", 0, 0, 1);
 	return 1;
 }
 
@@ -420,6 +453,9 @@ static void atfork_child(void)
 	for (unsigned i = 0; i < nguards; i++)
 		pthread_mutex_init(guards[i].m, NULL);
 	st_objmap_atfork_child();
+	int was_pw = st_shm != NULL;
+	st_pw_atfork_child(); /* the consumer process's writer: the shared regions were not inherited */
+	st_publish_header_atfork_child();
 	/* SIGMATRACE_EAGER: the child's file is made on its first event or at its
 	 * exit, not here: a child that execs (a shell, subprocess) would leave
 	 * a file without END (exec skips atexit), and an atfork child handler
@@ -441,7 +477,7 @@ static void atfork_child(void)
 	}
 	struct st_thread *me = st_tls_self;
 	st_buffer_atfork_child();
-	if (me)
+	if (me && !was_pw)
 		munmap(me, me->map_bytes);
 	st_nthreads = 0;
 	st_next_thread_index = 1;

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "procwriter.h"
 #include "writer_internal.h"
 
 #ifndef TRACER_VERSION
@@ -107,6 +108,7 @@ static int build_process_header(struct st_json *j, int how)
 	st_json_uint(j, "flush_ms", st_cfg.flush_ms);
 	st_json_uint(j, "calib_ms", st_cfg.calib_ms);
 	st_json_bool(j, "signals", st_cfg.signals);
+	st_json_str(j, "writer", st_shm ? "process" : "thread"); /* who wrote the file */
 	st_json_close(j, '}');
 	if (st_mutex_take(&st_ident_lock, how) != 0)
 		return -1;
@@ -151,6 +153,37 @@ void st_write_process_header(int how)
 	st_write_json_chunk(ST_CHUNK_PROCESS, 0, &j);
 }
 
+/* The consumer process's writer: the header text is built here (the
+ * process's own identity: /proc/self, its NIC and GPU lists) and published in
+ * the shared block; the consumer writes it with its own tsc_hz estimate.
+ * Serialised by pub_lock (jbuf). */
+static pthread_mutex_t pub_lock = PTHREAD_MUTEX_INITIALIZER;
+void st_publish_header(void)
+{
+	if (!st_shm)
+		return;
+	pthread_mutex_lock(&pub_lock);
+	struct st_json j;
+	__atomic_store_n(&st_header_dirty, 0, __ATOMIC_RELEASE);
+	if (build_process_header(&j, ST_LOCK_WAIT) == 0) {
+		if (j.overflow) {
+			pthread_mutex_lock(&st_ident_lock);
+			strcpy(nics_json, "[]");
+			strcpy(gpus_json, "[]");
+			pthread_mutex_unlock(&st_ident_lock);
+			build_process_header(&j, ST_LOCK_WAIT);
+		}
+		if (!j.overflow)
+			st_pw_publish_header(j.buf, j.len);
+	}
+	pthread_mutex_unlock(&pub_lock);
+}
+
+void st_publish_header_atfork_child(void)
+{
+	pthread_mutex_init(&pub_lock, NULL);
+}
+
 static void set_list(char *dst, size_t cap, const char *json_array)
 {
 	pthread_mutex_lock(&st_ident_lock);
@@ -158,6 +191,8 @@ static void set_list(char *dst, size_t cap, const char *json_array)
 		strcpy(dst, json_array);
 	pthread_mutex_unlock(&st_ident_lock);
 	__atomic_store_n(&st_header_dirty, 1, __ATOMIC_RELEASE);
+	if (__atomic_load_n(&st_shm, __ATOMIC_ACQUIRE))
+		st_publish_header();
 	st_writer_kick();
 }
 

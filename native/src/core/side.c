@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "procwriter.h"
 #include "writer_internal.h"
 
 pthread_mutex_t st_side_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -61,29 +62,33 @@ static void put_record(unsigned char *p, size_t need, uint64_t id, uint16_t kind
 
 /* ---- private lanes (tracer threads that never wait) ------------------------ */
 
-/* One producer (the lane's thread), one consumer (the io lock holder).  head
- * and tail count bytes since the lane was opened; a record never wraps: at
- * the ring's end the producer leaves either fewer than 16 bytes (the
- * consumer skips them) or a header with side_id 0 (skip to the start). */
-struct st_side_lane {
-	unsigned char *buf;
-	uint32_t cap;    /* bytes, multiple of 8 */
-	uint32_t state;  /* atomic: LANE_FREE, LANE_OPEN, LANE_EXITED (drain, then free) */
-	uint64_t head;   /* producer; published with release */
-	uint64_t tail;   /* consumer; published with release */
-};
+/* One producer (the lane's thread), one consumer (the io lock holder, or
+ * the consumer process): struct st_side_lane, shm.h. */
 enum { LANE_FREE = 0, LANE_OPEN = 1, LANE_EXITED = 2, LANE_CLAIMED = 3 };
-#define ST_MAX_LANES 256
-static struct st_side_lane lanes[ST_MAX_LANES];
-static uint32_t nlanes; /* high-water mark (atomic) */
+#define ST_MAX_LANES ST_SHM_MAX_LANES
+static struct st_side_lane own_lanes[ST_MAX_LANES];
+static uint32_t own_nlanes;
+/* the writer thread's lanes here; the consumer process's in the shared block */
+static struct st_side_lane *lanes = own_lanes;
+static uint32_t *nlanes_p = &own_nlanes; /* high-water mark (atomic) */
+#define lanes_hw (*nlanes_p)
 static __thread struct st_side_lane *tls_lane ST_TLS;
 __thread int st_tls_never_block ST_TLS;
+
+/* Activation with the consumer process's writer, before st_active is
+ * published (whoever sees st_active sees the shared lanes). */
+void st_side_use_shared(struct st_side_lane *shared, uint32_t *n)
+{
+	lanes = shared;
+	nlanes_p = n;
+}
 
 int st_side_lane_open(void)
 {
 	st_tls_never_block = 1; /* also when no lane can be had: the shared buffer is then tried once, never waited for */
 	if (tls_lane)
 		return 0;
+	st_ensure_active(); /* the lanes live where the writer can read them (st_side_use_shared) */
 	size_t cap = ((size_t)st_cfg.side_kb * 1024 / 4) & ~(size_t)7;
 	if (cap < 4096)
 		cap = 4096;
@@ -92,19 +97,30 @@ int st_side_lane_open(void)
 		if (!__atomic_compare_exchange_n(&lanes[i].state, &free_, LANE_CLAIMED, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
 			continue;
 		struct st_side_lane *l = &lanes[i];
-		void *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (m == MAP_FAILED) {
-			__atomic_store_n(&l->state, LANE_FREE, __ATOMIC_RELEASE);
-			return -1;
+		void *m;
+		if (st_shm) {
+			uint64_t off;
+			m = st_pw_region(cap, &off); /* not inherited by a fork child either */
+			if (!m) {
+				__atomic_store_n(&l->state, LANE_FREE, __ATOMIC_RELEASE);
+				return -1;
+			}
+			l->off = off;
+		} else {
+			m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (m == MAP_FAILED) {
+				__atomic_store_n(&l->state, LANE_FREE, __ATOMIC_RELEASE);
+				return -1;
+			}
+			madvise(m, cap, MADV_DONTFORK); /* the parent's: a fork child has no pollers */
 		}
-		madvise(m, cap, MADV_DONTFORK); /* the parent's: a fork child has no pollers */
 		l->buf = m;
 		l->cap = (uint32_t)cap;
 		__atomic_store_n(&l->head, 0, __ATOMIC_RELAXED);
 		__atomic_store_n(&l->tail, 0, __ATOMIC_RELAXED);
 		__atomic_store_n(&l->state, LANE_OPEN, __ATOMIC_RELEASE);
-		uint32_t n = __atomic_load_n(&nlanes, __ATOMIC_ACQUIRE);
-		while (n < i + 1 && !__atomic_compare_exchange_n(&nlanes, &n, i + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		uint32_t n = __atomic_load_n(&lanes_hw, __ATOMIC_ACQUIRE);
+		while (n < i + 1 && !__atomic_compare_exchange_n(&lanes_hw, &n, i + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			;
 		tls_lane = l;
 		return 0;
@@ -123,8 +139,18 @@ void st_side_lane_close(void)
 	st_writer_kick();
 }
 
+static uint64_t lane_put(struct st_side_lane *l, int count, uint16_t kind, const void *a, size_t alen, const void *b,
+			 size_t blen, const void *c, size_t clen);
 static uint64_t lane_add(struct st_side_lane *l, uint16_t kind, const void *a, size_t alen, const void *b, size_t blen,
 			 const void *c, size_t clen)
+{
+	return lane_put(l, 1, kind, a, alen, b, blen, c, clen);
+}
+
+/* count: a record that does not fit is counted as dropped (0: the caller
+ * waits and tries again). */
+static uint64_t lane_put(struct st_side_lane *l, int count, uint16_t kind, const void *a, size_t alen, const void *b,
+			 size_t blen, const void *c, size_t clen)
 {
 	size_t len = alen + blen + clen;
 	size_t need = sizeof(struct st_side_header) + ((len + 7) & ~(size_t)7);
@@ -132,7 +158,8 @@ static uint64_t lane_add(struct st_side_lane *l, uint16_t kind, const void *a, s
 	uint32_t off = (uint32_t)(head % l->cap);
 	size_t skip = off + need > l->cap ? l->cap - off : 0;
 	if (need > l->cap || head + skip + need - tail > l->cap) {
-		count_drop(len);
+		if (count || need > l->cap)
+			count_drop(len);
 		return 0;
 	}
 	if (skip >= sizeof(struct st_side_header)) {
@@ -153,7 +180,7 @@ static uint64_t lane_add(struct st_side_lane *l, uint16_t kind, const void *a, s
  * which may run in a signal handler). */
 void st_drain_lanes(int final)
 {
-	uint32_t n = __atomic_load_n(&nlanes, __ATOMIC_ACQUIRE);
+	uint32_t n = __atomic_load_n(&lanes_hw, __ATOMIC_ACQUIRE);
 	for (uint32_t i = 0; i < n; i++) {
 		struct st_side_lane *l = &lanes[i];
 		uint32_t state = __atomic_load_n(&l->state, __ATOMIC_ACQUIRE);
@@ -196,11 +223,13 @@ void st_drain_lanes(int final)
 /* fork child: the lanes were the parent's pollers' (not mapped here: MADV_DONTFORK). */
 void st_side_atfork_child(void)
 {
+	lanes = own_lanes;
+	nlanes_p = &own_nlanes;
 	for (uint32_t i = 0; i < ST_MAX_LANES; i++) {
 		lanes[i].buf = NULL;
 		lanes[i].state = LANE_FREE;
 	}
-	nlanes = 0;
+	lanes_hw = 0;
 	tls_lane = NULL;
 	st_tls_never_block = 0;
 }
@@ -251,6 +280,35 @@ uint64_t st_side_add(uint16_t kind, const void *a, size_t alen, const void *b, s
 	int saved = errno;
 	if (tls_lane && st_active && len <= UINT32_MAX) {
 		uint64_t id = lane_add(tls_lane, kind, a, alen, b, blen, c, clen);
+		errno = saved;
+		return id;
+	}
+	if (st_shm && st_active && len <= UINT32_MAX) {
+		/* the consumer process's writer: the application threads' ring in the shared block, one producer
+		 * at a time (the side lock); full: wait for the consumer, bounded, never for a dead one */
+		struct st_side_lane *l = &st_shm->side;
+		if (need > l->cap) {
+			count_drop(len);
+			errno = saved;
+			return 0;
+		}
+		uint64_t id = 0;
+		for (int tries = 0;; tries++) {
+			if (st_tls_never_block) {
+				if (pthread_mutex_trylock(&st_side_lock) != 0)
+					break;
+			} else
+				pthread_mutex_lock(&st_side_lock);
+			id = lane_put(l, 0, kind, a, alen, b, blen, c, clen);
+			pthread_mutex_unlock(&st_side_lock);
+			if (id || st_tls_never_block || tries > 1000 || st_trace_closed || st_pw_consumer_gone())
+				break;
+			st_writer_kick();
+			struct timespec ts = {0, 1000000};
+			nanosleep(&ts, NULL);
+		}
+		if (!id)
+			count_drop(len);
 		errno = saved;
 		return id;
 	}

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "procwriter.h"
 #include "writer_internal.h"
 
 int st_trace_fd = -1;
@@ -352,6 +353,10 @@ static void drain_all(int partial, int final)
 
 void st_writer_kick(void)
 {
+	if (st_shm) {
+		st_pw_kick();
+		return;
+	}
 	__atomic_fetch_add(&wseq, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&wsleeping, __ATOMIC_SEQ_CST))
 		syscall(SYS_futex, &wseq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
