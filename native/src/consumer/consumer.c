@@ -50,6 +50,27 @@ static double tsc_hz;
 
 /* ---- chunk output ------------------------------------------------------------- */
 
+static int write_all(struct iovec *v, int n)
+{
+	int i = 0;
+	while (i < n) {
+		ssize_t w = writev(trace_fd, v + i, n - i);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		while (i < n && (size_t)w >= v[i].iov_len) {
+			w -= (ssize_t)v[i].iov_len;
+			i++;
+		}
+		if (i < n) {
+			v[i].iov_base = (char *)v[i].iov_base + w;
+			v[i].iov_len -= (size_t)w;
+		}
+	}
+	return 0;
+}
 
 static void write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, const void *p, size_t len)
 {
@@ -78,7 +99,7 @@ static void write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, co
 		nanosleep(&ts, NULL);
 	}
 	struct iovec iov[3] = {{&h, sizeof(h)}, {(void *)p, len}, {(void *)zeros, pad}};
-	if (st_writev_all(trace_fd, iov, 3) == 0) {
+	if (write_all(iov, 3) == 0) {
 		ctl->chunks_written++;
 		ctl->file_good += sizeof(h) + len + pad;
 	}

@@ -86,11 +86,6 @@ double st_tsc_hz_estimate(const struct st_calibration *a, const struct st_calibr
 int st_tsc_invariant(void) ST_HIDDEN;
 uint64_t st_now_ns(void) ST_HIDDEN; /* CLOCK_MONOTONIC */
 
-/* ---- whole writes (io.c) ----------------------------------------------- */
-struct iovec;
-#define ST_WRITEV_MAX 8
-int st_writev_all(int fd, const struct iovec *iov, int n) ST_HIDDEN; /* 0, or -1 with errno */
-
 /* ---- crc (crc32.c) ------------------------------------------------------ */
 uint32_t st_crc32(uint32_t crc, const void *buf, size_t len) ST_HIDDEN;
 int st_crc32_accelerated(void) ST_HIDDEN; /* 1: the carry-less multiply path is in use */
