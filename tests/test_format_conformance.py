@@ -149,7 +149,7 @@ def _build_writer(tmp_path, cc=None, consumer=False):
     sources += sorted((SRC / "interpose").glob("*.c"))
     if consumer:  # the consumer process's writer: its executable beside the program (where the core looks)
         _compile(tmp_path, "sigmatrace-consumer",
-                 [SRC / "consumer" / "consumer.c", *(SRC / "core" / f for f in ("crc32.c", "clock.c", "json.c"))],
+                 [SRC / "consumer" / "consumer.c", *(SRC / "core" / f for f in ("crc32.c", "clock.c", "json.c", "io.c"))],
                  cc=cc)
     return _compile(tmp_path, "format_writer", sources, ["-lpthread", "-ldl"], cc=cc)
 

@@ -50,27 +50,6 @@ static double tsc_hz;
 
 /* ---- chunk output ------------------------------------------------------------- */
 
-static int write_all(struct iovec *v, int n)
-{
-	int i = 0;
-	while (i < n) {
-		ssize_t w = writev(trace_fd, v + i, n - i);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		while (i < n && (size_t)w >= v[i].iov_len) {
-			w -= (ssize_t)v[i].iov_len;
-			i++;
-		}
-		if (i < n) {
-			v[i].iov_base = (char *)v[i].iov_base + w;
-			v[i].iov_len -= (size_t)w;
-		}
-	}
-	return 0;
-}
 
 static void write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, const void *p, size_t len)
 {
@@ -99,7 +78,7 @@ static void write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, co
 		nanosleep(&ts, NULL);
 	}
 	struct iovec iov[3] = {{&h, sizeof(h)}, {(void *)p, len}, {(void *)zeros, pad}};
-	if (write_all(iov, 3) == 0) {
+	if (st_writev_all(trace_fd, iov, 3) == 0) {
 		ctl->chunks_written++;
 		ctl->file_good += sizeof(h) + len + pad;
 	}
@@ -292,32 +271,14 @@ static void drain_thread(uint32_t slot, int partial, int final)
 
 /* ---- side records (the rules of core/side.c st_drain_lanes) ------------------------------ */
 
-static void drain_lane(struct st_side_lane *l, unsigned char *buf)
+static void write_side_run(uint32_t count, const unsigned char *p, uint32_t bytes)
 {
-	uint64_t tail = l->tail, head = __atomic_load_n(&l->head, __ATOMIC_ACQUIRE);
-	while (tail < head) {
-		uint32_t off = (uint32_t)(tail % l->cap), room = l->cap - off;
-		struct st_side_header h;
-		if (room < sizeof(h)) {
-			tail += room;
-			continue;
-		}
-		memcpy(&h, buf + off, sizeof(h));
-		if (!h.side_id) {
-			tail += room;
-			continue;
-		}
-		uint32_t k = 0, bytes = 0;
-		while (tail + bytes < head && bytes + sizeof(h) <= room) {
-			memcpy(&h, buf + off + bytes, sizeof(h));
-			if (!h.side_id)
-				break;
-			bytes += (uint32_t)(sizeof(h) + ((h.length + 7u) & ~7u));
-			k++;
-		}
-		write_chunk(ST_CHUNK_SIDE, 0, k, buf + off, bytes);
-		tail += bytes;
-	}
+	write_chunk(ST_CHUNK_SIDE, 0, count, p, bytes);
+}
+
+static void drain_lane(struct st_side_lane *l, const unsigned char *buf)
+{
+	uint64_t tail = st_lane_read(l, buf, l->tail, __atomic_load_n(&l->head, __ATOMIC_ACQUIRE), write_side_run);
 	__atomic_store_n(&l->tail, tail, __ATOMIC_RELEASE);
 }
 
@@ -356,10 +317,6 @@ static void drain_all(int partial, int final)
 
 /* ---- the end --------------------------------------------------------------------------------- */
 
-static void utoa(char *out, uint64_t v)
-{
-	snprintf(out, 24, "%llu", (unsigned long long)v);
-}
 
 static void write_end(void)
 {
@@ -377,34 +334,9 @@ static void write_end(void)
 	struct st_json j;
 	static char buf[65536];
 	st_json_begin_object(&j, buf, sizeof(buf));
-	st_json_str(&j, "reason", ctl->end_reason);
-	if (ctl->end_signal)
-		st_json_int(&j, "signal", ctl->end_signal);
-	else
-		st_json_null(&j, "signal");
-	st_json_uint(&j, "events", ctl->total_events);
-	st_json_uint(&j, "dropped_events", dropped);
-	st_json_uint(&j, "dropped_side_bytes", ctl->dropped_side_bytes);
-	st_json_uint(&j, "dropped_side_records", ctl->dropped_side_records);
-	st_json_uint(&j, "chunks_written", ctl->chunks_written + 1);
-	st_json_uint(&j, "threads", ctl->threads_seen);
-	st_json_open(&j, "object_ids", '{');
-	st_json_uint(&j, "live", ctl->obj.live);
-	st_json_uint(&j, "peak", ctl->obj.peak);
-	st_json_uint(&j, "capacity", ctl->obj.capacity);
-	st_json_uint(&j, "unmapped", ctl->obj.unmapped);
-	st_json_uint(&j, "first_seen_on_use", ctl->obj.first_seen_on_use);
-	st_json_close(&j, '}');
-	st_json_open(&j, "thread_drops", '{');
-	for (uint32_t i = 0; i < n; i++) {
-		struct st_thread *t = thread_at(i);
-		if (t && t->dropped_total) {
-			char k[24];
-			utoa(k, t->index);
-			st_json_uint(&j, k, t->dropped_total);
-		}
-	}
-	st_json_close(&j, '}');
+	struct st_end_facts f = {ctl->end_reason, ctl->end_signal, ctl->total_events, dropped, ctl->dropped_side_bytes,
+				 ctl->dropped_side_records, ctl->chunks_written + 1, ctl->threads_seen, ctl->obj};
+	st_end_record_json(&j, &f, thread_at, n);
 	st_json_close(&j, '}');
 	write_json(ST_CHUNK_END, 0, &j);
 	ctl->trace_closed = 1;

@@ -304,6 +304,22 @@ struct st_obj_stats {
 	uint64_t unmapped, first_seen_on_use;
 };
 void st_obj_stats(struct st_obj_stats *out) ST_HIDDEN;
+
+/* ---- what both writers write (io.c) -------------------------------------- */
+struct iovec;
+#define ST_WRITEV_MAX 8
+int st_writev_all(int fd, const struct iovec *iov, int n) ST_HIDDEN; /* 0, or -1 with errno */
+/* The END record (docs/format.md): the facts, then the drops of threads 0..nthreads-1 (thread_at: NULL for a
+ * free slot).  Into an open object; the caller closes it. */
+struct st_end_facts {
+	const char *reason;
+	int signal;
+	uint64_t events, dropped_events, dropped_side_bytes, dropped_side_records, chunks_written;
+	uint32_t threads;
+	struct st_obj_stats obj;
+};
+void st_end_record_json(struct st_json *j, const struct st_end_facts *f, struct st_thread *(*thread_at)(uint32_t),
+			uint32_t nthreads) ST_HIDDEN;
 void st_objmap_atfork_child(void) ST_HIDDEN;
 
 /* ---- fork (lifecycle.c) -------------------------------------------------- */

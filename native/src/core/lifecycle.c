@@ -235,17 +235,10 @@ void st_activate(void)
 
 /* ---- final pass ---------------------------------------------------------------------- */
 
-/* The decimal digits of v (async-signal-safe, unlike snprintf). */
-static void utoa(char *out, uint64_t v)
+
+static struct st_thread *thread_slot(uint32_t i)
 {
-	char tmp[24];
-	int n = 0;
-	do
-		tmp[n++] = (char)('0' + v % 10);
-	while ((v /= 10) && n < 23);
-	for (int i = 0; i < n; i++)
-		out[i] = tmp[n - 1 - i];
-	out[n] = 0;
+	return __atomic_load_n(&st_threads[i], __ATOMIC_ACQUIRE);
 }
 
 /* Everything committed, an END calibration and the END chunk.  safe: the
@@ -295,36 +288,12 @@ static void final_pass(const char *reason, int sig, int have_lock, int safe)
 	struct st_json j;
 	char buf[8192];
 	st_json_begin_object(&j, buf, sizeof(buf));
-	st_json_str(&j, "reason", reason);
-	if (sig)
-		st_json_int(&j, "signal", sig);
-	else
-		st_json_null(&j, "signal");
-	st_json_uint(&j, "events", st_total_events);
-	st_json_uint(&j, "dropped_events", dropped);
-	st_json_uint(&j, "dropped_side_bytes", __atomic_load_n(&st_dropped_side_bytes, __ATOMIC_RELAXED));
-	st_json_uint(&j, "dropped_side_records", __atomic_load_n(&st_dropped_side_records, __ATOMIC_RELAXED));
-	st_json_uint(&j, "chunks_written", st_chunks_written + 1);
-	st_json_uint(&j, "threads", st_threads_seen);
-	struct st_obj_stats os;
-	st_obj_stats(&os);
-	st_json_open(&j, "object_ids", '{');
-	st_json_uint(&j, "live", os.live);
-	st_json_uint(&j, "peak", os.peak);
-	st_json_uint(&j, "capacity", os.capacity);
-	st_json_uint(&j, "unmapped", os.unmapped);
-	st_json_uint(&j, "first_seen_on_use", os.first_seen_on_use);
-	st_json_close(&j, '}');
-	st_json_open(&j, "thread_drops", '{');
-	for (uint32_t i = 0; i < n; i++) {
-		struct st_thread *t = __atomic_load_n(&st_threads[i], __ATOMIC_ACQUIRE);
-		if (t && t->dropped_total) {
-			char k[24];
-			utoa(k, t->index);
-			st_json_uint(&j, k, t->dropped_total);
-		}
-	}
-	st_json_close(&j, '}');
+	struct st_end_facts f = {reason, sig, st_total_events, dropped,
+				 __atomic_load_n(&st_dropped_side_bytes, __ATOMIC_RELAXED),
+				 __atomic_load_n(&st_dropped_side_records, __ATOMIC_RELAXED), st_chunks_written + 1,
+				 st_threads_seen, {0}};
+	st_obj_stats(&f.obj);
+	st_end_record_json(&j, &f, thread_slot, n);
 	st_json_close(&j, '}');
 	st_write_json_chunk(ST_CHUNK_END, 0, &j);
 	__atomic_store_n(&st_trace_closed, 1, __ATOMIC_RELEASE);

@@ -21,6 +21,7 @@
 #define ST_SHM_H
 
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "core.h"
@@ -44,6 +45,41 @@ struct st_side_lane {
 	uint64_t tail;      /* consumer; published with release */
 	uint64_t off;       /* region in the memfd (process writer) */
 };
+
+/* Reading a lane, the one rule for both of its consumers (the io lock holder,
+ * core/side.c, and the consumer process): the bytes from tail to head of the
+ * ring at buf, as runs of whole records, each up to the ring's end, handed to
+ * emit (how many records, their bytes); fewer than a header's bytes before the
+ * end, or a header with side_id 0, skip to the start.  Returns the new tail
+ * (published by the caller). */
+static inline uint64_t st_lane_read(const struct st_side_lane *l, const unsigned char *buf, uint64_t tail,
+				    uint64_t head, void (*emit)(uint32_t count, const unsigned char *p, uint32_t bytes))
+{
+	while (tail < head) {
+		uint32_t off = (uint32_t)(tail % l->cap), room = l->cap - off;
+		struct st_side_header h;
+		if (room < sizeof(h)) {
+			tail += room;
+			continue;
+		}
+		memcpy(&h, buf + off, sizeof(h));
+		if (!h.side_id) {
+			tail += room;
+			continue;
+		}
+		uint32_t k = 0, bytes = 0;
+		while (tail + bytes < head && bytes + sizeof(h) <= room) {
+			memcpy(&h, buf + off + bytes, sizeof(h));
+			if (!h.side_id)
+				break;
+			bytes += (uint32_t)(sizeof(h) + ((h.length + 7u) & ~7u));
+			k++;
+		}
+		emit(k, buf + off, bytes);
+		tail += bytes;
+	}
+	return tail;
+}
 
 enum { ST_SLOT_EMPTY = 0, ST_SLOT_LIVE = 1, ST_SLOT_RECLAIMED = 2 };
 struct st_shm_slot {

@@ -178,6 +178,11 @@ static uint64_t lane_put(struct st_side_lane *l, int count, uint16_t kind, const
 /* The consumer's half (io lock held): every lane's records into SIDE chunks;
  * lanes whose thread is gone are freed once empty (never in the final pass,
  * which may run in a signal handler). */
+static void write_side_run(uint32_t count, const unsigned char *p, uint32_t bytes)
+{
+	st_write_chunk(ST_CHUNK_SIDE, 0, count, p, bytes, NULL, 0);
+}
+
 void st_drain_lanes(int final)
 {
 	uint32_t n = __atomic_load_n(&lanes_hw, __ATOMIC_ACQUIRE);
@@ -186,31 +191,7 @@ void st_drain_lanes(int final)
 		uint32_t state = __atomic_load_n(&l->state, __ATOMIC_ACQUIRE);
 		if (state != LANE_OPEN && state != LANE_EXITED)
 			continue;
-		uint64_t tail = l->tail, head = __atomic_load_n(&l->head, __ATOMIC_ACQUIRE);
-		while (tail < head) {
-			uint32_t off = (uint32_t)(tail % l->cap), room = l->cap - off;
-			struct st_side_header h;
-			if (room < sizeof(h)) {
-				tail += room;
-				continue;
-			}
-			memcpy(&h, l->buf + off, sizeof(h));
-			if (!h.side_id) {
-				tail += room;
-				continue;
-			}
-			/* the run of records from here to the ring's end or the head */
-			uint32_t k = 0, bytes = 0;
-			while (tail + bytes < head && bytes + sizeof(h) <= room) {
-				memcpy(&h, l->buf + off + bytes, sizeof(h));
-				if (!h.side_id)
-					break;
-				bytes += (uint32_t)(sizeof(h) + ((h.length + 7u) & ~7u));
-				k++;
-			}
-			st_write_chunk(ST_CHUNK_SIDE, 0, k, l->buf + off, bytes, NULL, 0);
-			tail += bytes;
-		}
+		uint64_t tail = st_lane_read(l, l->buf, l->tail, __atomic_load_n(&l->head, __ATOMIC_ACQUIRE), write_side_run);
 		__atomic_store_n(&l->tail, tail, __ATOMIC_RELEASE);
 		if (!final && state == LANE_EXITED && tail == __atomic_load_n(&l->head, __ATOMIC_ACQUIRE)) {
 			munmap(l->buf, l->cap);

@@ -136,29 +136,6 @@ void st_io_unlock(void)
 
 /* ---- raw chunk output (io_lock held) ------------------------------------ */
 
-static int write_all(const struct iovec *iov, int n)
-{
-	struct iovec v[4];
-	memcpy(v, iov, sizeof(*iov) * (size_t)n);
-	int i = 0;
-	while (i < n) {
-		ssize_t w = writev(st_trace_fd, v + i, n - i);
-		if (w < 0) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		while (i < n && (size_t)w >= v[i].iov_len) {
-			w -= (ssize_t)v[i].iov_len;
-			i++;
-		}
-		if (i < n) {
-			v[i].iov_base = (char *)v[i].iov_base + w;
-			v[i].iov_len -= (size_t)w;
-		}
-	}
-	return 0;
-}
 
 void st_write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, const void *p, size_t len,
 		    const void *p2, size_t len2)
@@ -191,7 +168,7 @@ void st_write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, const 
 		struct timespec ts = {(time_t)(st_cfg.test_writer_delay_ms / 1000), (long)(st_cfg.test_writer_delay_ms % 1000) * 1000000L};
 		nanosleep(&ts, NULL);
 	}
-	if (write_all(iov, 4) == 0)
+	if (st_writev_all(st_trace_fd, iov, 4) == 0)
 		st_chunks_written++;
 	errno = saved;
 }
