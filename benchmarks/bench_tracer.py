@@ -62,8 +62,9 @@ needs = pytest.mark.skipif(LIB is None or CC is None or FI_PINGPONG is None,
 
 
 REPS = int(os.environ.get("SIGMATRACE_BENCH_REPS", "5"))
-# configuration name -> SIGMATRACE_MODE (None: untraced; "idle": untraced with an idle thread preloaded)
-CONFIGS = {"untraced": None, "idle_thread": "idle", "simple": "simple", "full": "full"}
+# configuration name -> SIGMATRACE_MODE[:SIGMATRACE_WRITER] (None: untraced; "idle": untraced with an idle thread
+# preloaded; no writer: the library's default, the consumer process); simple_thread: the in-process writer thread
+CONFIGS = {"untraced": None, "idle_thread": "idle", "simple": "simple", "full": "full", "simple_thread": "simple:thread"}
 
 
 def free_port():
@@ -86,6 +87,8 @@ def _env(mode, out, idle_lib=None, base=None, writer=None):
     env = dict(base if base is not None else os.environ)
     env.pop("LD_PRELOAD", None)
     env.pop("SIGMATRACE_WRITER", None)
+    if mode and ":" in mode:
+        mode, writer = mode.split(":")
     if mode == "idle":
         env["LD_PRELOAD"] = idle_lib
     elif mode:

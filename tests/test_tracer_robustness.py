@@ -268,7 +268,7 @@ def test_run_end_to_end_with_hammer(tmp_path, bins):
 @needs
 @pytest.mark.parametrize("writer", [None, "process", "thread"])
 def test_run_writer_option(tmp_path, bins, writer):
-    """`sigmatrace run --writer` chooses who writes the files (default: the writer thread); the header's
+    """`sigmatrace run --writer` chooses who writes the files (default: the consumer process); the header's
     options say which one did, and the trace is the same: complete, every call."""
     out = tmp_path / "t"
     r = _run_cli(["-o", str(out), "--mode", "full", *(["--writer", writer] if writer else []), "--",
@@ -276,7 +276,7 @@ def test_run_writer_option(tmp_path, bins, writer):
     assert r.returncode == 0, r.stderr
     cap = read_capture(out)
     (p,) = cap.processes
-    assert p.complete and p.header["options"]["writer"] == (writer or "thread")
+    assert p.complete and p.header["options"]["writer"] == (writer or "process")
     assert cq_reads(cap) == 20000
 
 
@@ -435,22 +435,22 @@ def _threads_of_sleeping_hammer(bins, env):
 
 
 @needs
-@pytest.mark.xfail(strict=True, reason="issue 20 part 1: the consumer process (SIGMATRACE_WRITER=process) adds no "
-                   "thread, but it is not the default yet: with it test_hijack_emu.py::test_stress_100k_ops_depth128_"
-                   "coalescing_wraparound[blocking,sync] lose WQE bytes (TRACE_DROPPED); the default writer is the thread")
 @pytest.mark.parametrize("mode", ["simple", "full"])
 def test_single_threaded_program_stays_single_threaded(tmp_path, bins, mode):
-    """Host-only tracing adds no thread: a thread makes glibc leave its single-threaded fast paths for good
-    (mutexes, stdio), which changes the program's cost before anything is recorded (with the default
-    writer; the consumer process's test is below)."""
+    """Host-only tracing adds no thread by default: a thread makes glibc leave its single-threaded fast paths
+    for good (mutexes, stdio), which changes the program's cost before anything is recorded.  The default
+    writer is the consumer process."""
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     env.pop("SIGMATRACE_WRITER", None)
     assert _threads_of_sleeping_hammer(bins, env) == 1  # the untraced program is single-threaded
     out = tmp_path / "t"
-    assert _threads_of_sleeping_hammer(bins, traced_env(out, SIGMATRACE_MODE=mode)) == 1
+    env = traced_env(out, SIGMATRACE_MODE=mode)
+    env.pop("SIGMATRACE_WRITER", None)
+    assert _threads_of_sleeping_hammer(bins, env) == 1
     time.sleep(0.3)  # the killed program's consumer writes what it left
-    assert read_capture(out).processes  # and it was traced
+    (p,) = read_capture(out).processes  # and it was traced
+    assert p.header["options"]["writer"] == "process"
 
 
 @needs
@@ -470,7 +470,7 @@ def test_writer_thread_mode_is_kept(tmp_path, bins):
 
 # ---- the consumer-process writer (SIGMATRACE_WRITER=process, issue 20 part 1) -------------------------------
 
-PROCESS = {"SIGMATRACE_WRITER": "process"}  # opt-in
+PROCESS = {"SIGMATRACE_WRITER": "process"}  # the default, said explicitly (a run that sets it stays a test of it)
 
 
 def _consumers_of(pid):
@@ -527,6 +527,36 @@ def test_consumer_process_sigkill_keeps_everything_committed(tmp_path, bins):
     by = cap.count_by_type()
     assert cq_reads(cap) == 2 * calls
     assert by["OFI_FABRIC"] == 1 and by["OFI_DOMAIN"] == 1 and by["OFI_CQ_OPEN"] == 2
+
+
+@needs
+def test_consumer_process_shares_the_programs_session_not_its_process_group(tmp_path, bins):
+    """The consumer is in the program's session (a new session is a new scheduler autogroup, where the consumer
+    was measured starved for seconds beside the program's busy threads and its pollers' side lanes overflowed)
+    but in a process group of its own (a terminal's ^C and `kill -- -PGID` of the program's group reach the
+    program, which asks for its END; they never kill the consumer first)."""
+    out = tmp_path / "t"
+    proc = subprocess.Popen([bins["tracer_hammer"], "-D", "-t", "1", "-n", "10", "-a", "sleep", "-k", "10"],
+                            env=traced_env(out, SIGMATRACE_MODE="full", **PROCESS), stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        (consumer,) = _consumers_of(proc.pid)
+        assert os.getsid(consumer) == os.getsid(proc.pid) == proc.pid
+        assert os.getpgid(consumer) == consumer != os.getpgid(proc.pid)
+        os.killpg(proc.pid, signal.SIGTERM)  # the program's group: the program, not its consumer
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM
+    for _ in range(100):
+        if not _consumers_of(proc.pid):
+            break
+        time.sleep(0.05)
+    (p,) = read_capture(out).processes
+    assert p.complete and p.end["signal"] == signal.SIGTERM and cq_reads(read_capture(out)) == 10
 
 
 @needs

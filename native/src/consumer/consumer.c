@@ -365,9 +365,17 @@ int main(int argc, char **argv)
 	trace_fd = atoi(argv[2]);
 	pid_fd = atoi(argv[3]);
 	pid = (pid_t)atoi(argv[4]);
-	/* its own session: a terminal's ^C or hang-up goes to the program, which then asks for its END */
-	setsid();
+	/* Its own process group, not its own session: a terminal's ^C, ^\\ or hang-up goes to the foreground
+	 * group (the program, which then asks for its END) and `kill -- -PGID` of the program's group misses
+	 * it.  Not setsid(): a new session is a new scheduler autogroup (CONFIG_SCHED_AUTOGROUP), and a group
+	 * of one mostly sleeping task was measured runnable but unscheduled for seconds beside the program's
+	 * busy threads (kernel 6.18, 2 cores), so its pollers' side lanes overflowed; in the program's
+	 * session it is scheduled as the writer thread was (docs/tracer.md, "The process tree"). */
+	setpgid(0, 0);
 	signal(SIGPIPE, SIG_IGN);
+	signal(SIGINT, SIG_IGN);
+	signal(SIGQUIT, SIG_IGN);
+	signal(SIGHUP, SIG_IGN);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);

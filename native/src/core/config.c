@@ -27,7 +27,8 @@ struct st_config st_cfg = {
 	.calib_ms = 1000,
 	.signals = 1,
 	.eager = 0,
-	.writer_process = 0, /* SIGMATRACE_WRITER=process: no thread in the traced process (procwriter.c; opt-in) */
+	.writer_process = 2, /* the consumer process (procwriter.c): no thread in the traced process; 2: by default, so a
+			      * consumer that cannot start means the writer thread without a word (1: asked for, said) */
 	.side_kb = 4096,
 	.test_writer_delay_ms = 0,
 };
@@ -203,7 +204,7 @@ void st_config_load(void)
 		else if (!strcasecmp(v, "process"))
 			st_cfg.writer_process = 1;
 		else
-			st_warn("SIGMATRACE_WRITER=\"%.64s\" is not one of thread|process; using thread", v);
+			st_warn("SIGMATRACE_WRITER=\"%.64s\" is not one of thread|process; using process", v);
 	}
 	env_uint("SIGMATRACE_SIDE_KB", 16, 16384, &st_cfg.side_kb); /* a SIDE chunk holds at most 16 MiB */
 	/* test hook (a slow disk): never set it otherwise */

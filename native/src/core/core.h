@@ -54,7 +54,7 @@ struct st_config {
 	int eager;                /* create the file at start even if unused */
 	uint32_t side_kb;         /* SIGMATRACE_SIDE_KB: the process side buffer (a poller's side ring: a quarter) */
 	uint32_t test_writer_delay_ms; /* test hook SIGMATRACE_TEST_WRITER_DELAY_MS: the writer sleeps before each chunk */
-	int writer_process;       /* SIGMATRACE_WRITER=process: a consumer process writes the file (procwriter.c) */
+	int writer_process;       /* a consumer process writes the file (procwriter.c): 1 SIGMATRACE_WRITER=process, 2 default; 0 thread */
 	char node_id[256];
 	char launcher[32];
 };

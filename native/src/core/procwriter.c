@@ -346,8 +346,9 @@ static int consumer_started(void)
 int st_pw_activate(int trace_fd)
 {
 	if (!exe_path[0] || access(exe_path, X_OK) != 0) {
-		st_warn("SIGMATRACE_WRITER=process: no consumer executable beside the library (%s); using the writer thread",
-			exe_path[0] ? exe_path : "?");
+		if (st_cfg.writer_process == 1)
+			st_warn("SIGMATRACE_WRITER=process: no consumer executable beside the library (%s); using the writer thread",
+				exe_path[0] ? exe_path : "?");
 		return -1;
 	}
 	int fd = (int)syscall(SYS_memfd_create, "sigmatrace", 1u /* MFD_CLOEXEC */);
@@ -388,7 +389,8 @@ int st_pw_activate(int trace_fd)
 		fcntl(pid_fd, F_SETFD, FD_CLOEXEC);
 	st_shm = c;
 	if (spawn_consumer() != 0 || consumer_started() != 0) {
-		st_warn("SIGMATRACE_WRITER=process: cannot start %s; using the writer thread", exe_path);
+		if (st_cfg.writer_process == 1)
+			st_warn("SIGMATRACE_WRITER=process: cannot start %s; using the writer thread", exe_path);
 		/* one that comes up late must never write beside the writer thread */
 		__atomic_store_n(&c->trace_closed, 1, __ATOMIC_RELEASE);
 		if (consumer_pidfd >= 0) {
@@ -409,7 +411,8 @@ int st_pw_activate(int trace_fd)
 	}
 	return 0;
 fail:
-	st_warn("SIGMATRACE_WRITER=process: no shared memory (%s); using the writer thread", strerror(errno));
+	if (st_cfg.writer_process == 1)
+		st_warn("SIGMATRACE_WRITER=process: no shared memory (%s); using the writer thread", strerror(errno));
 	return -1;
 }
 
