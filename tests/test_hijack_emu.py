@@ -254,9 +254,24 @@ def test_hijack_off_passes_pointer_through(tmp_path):
 
 @pytest.mark.parametrize("mode", ["nonblocking", "guarded", "blocking", "sync"])
 def test_stress_100k_ops_depth128_coalescing_wraparound(tmp_path, mode):
-    """4 GPU threads x 25,000 ops, queue depth 128, 1-8 WQEs per doorbell, back to back."""
+    """4 GPU threads x 25,000 ops, queue depth 128, 1-8 WQEs per doorbell, back to back (the default writer:
+    the thread, since the process has loaded a CUDA driver)."""
+    cap = _stress(tmp_path, mode)
+    assert cap.processes[0].header["options"]["writer"] == "thread"
+
+
+@pytest.mark.parametrize("mode", ["blocking", "sync"])
+def test_stress_100k_with_the_consumer_process(tmp_path, mode):
+    """The same through the consumer process (SIGMATRACE_WRITER=process): the pollers' side lanes are drained
+    by another process, and nothing may be dropped (they overflowed while the consumer had a session, so a
+    scheduler autogroup, of its own: docs/tracer.md)."""
+    cap = _stress(tmp_path, mode, {"SIGMATRACE_WRITER": "process"})
+    assert cap.processes[0].header["options"]["writer"] == "process"
+
+
+def _stress(tmp_path, mode, env_extra=None):
     stdout, cap, gt = run_client(tmp_path, ["--mode", "stress", "--threads", "4", "--ops", "100000", "--depth", "128"],
-                                 mode=mode)
+                                 mode=mode, env_extra=env_extra)
     dbs_gt, wqes_gt = ground_truth(gt)
     per, _ = recorded_doorbells(cap)
     assert set(per) == set(dbs_gt) and len(per) == 4
@@ -295,6 +310,7 @@ def test_stress_100k_ops_depth128_coalescing_wraparound(tmp_path, mode):
           f"seen={sum(len(v) for v in per.values())} coalesced={coalesced} wqes={n} lost={lost} wraps/qp={wraps} "
           f"guard_waits={gw}")
     assert cap.dropped_events() == 0
+    return cap
 
 
 def test_poller_cpu_pinning_and_install_metadata(tmp_path):

@@ -43,9 +43,9 @@ def register(subparsers):
                    help="comma-separated subset of " + ",".join(PROVIDERS) + " (or all/none; default: all)")
     p.add_argument("--buffer-kb", type=int, default=None, metavar="KB", help="chunk size per thread buffer in KiB")
     p.add_argument("--writer", choices=("process", "thread"), default=None,
-                   help="who writes the trace files: process (default): a consumer process per traced process drains "
-                   "shared-memory rings, no thread is added to the program; thread: a writer thread inside each "
-                   "traced process")
+                   help="who writes the trace files: process (default; a process that loaded the CUDA driver first keeps "
+                   "the thread unless this is given): a consumer process per traced process drains shared-memory "
+                   "rings, no thread is added to the program; thread: a writer thread inside each traced process")
     p.add_argument("--eager", action="store_true",
                    help="create the trace file at start even if the program never calls a traced library")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...")

@@ -202,7 +202,7 @@ void st_activate(void)
 		}
 		if (open_output() != 0) {
 			act_failed = 1;
-		} else if (st_cfg.writer_process && st_pw_activate(st_trace_fd) == 0) {
+		} else if (st_pw_wanted() && st_pw_activate(st_trace_fd) == 0) {
 			/* the consumer process writes the file: no thread here */
 			st_side_use_shared(st_shm->lanes, &st_shm->nlanes);
 			__atomic_store_n(&st_active, 1, __ATOMIC_RELEASE);

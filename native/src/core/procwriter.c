@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
@@ -342,6 +343,33 @@ static int consumer_started(void)
 }
 
 /* ---- activation ---------------------------------------------------------------------- */
+
+static int cuda_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	const char *path = info->dlpi_name, *b = path ? strrchr(path, '/') : NULL;
+	b = b ? b + 1 : path;
+	if (b && !strncmp(b, "libcuda.so", 10)) {
+		*(int *)arg = 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* Whether this process's trace is written by a consumer process: asked for
+ * (SIGMATRACE_WRITER=process), or by default unless the CUDA driver is
+ * already loaded.  A GPU process has the driver's threads (and the hijack's
+ * pollers) anyway, so the consumer saves it no thread, and its start -- a
+ * copy-on-write clone of the whole process, the driver's device mappings
+ * included -- has not been validated on a GPU machine yet (docs/tracer.md). */
+int st_pw_wanted(void)
+{
+	if (st_cfg.writer_process != 2)
+		return st_cfg.writer_process == 1;
+	int cuda = 0;
+	dl_iterate_phdr(cuda_cb, &cuda);
+	return !cuda;
+}
 
 int st_pw_activate(int trace_fd)
 {

@@ -13,6 +13,8 @@
 
 extern struct st_shm_ctl *st_shm ST_HIDDEN; /* non-NULL: this process's writer is a consumer process */
 
+/* Whether to start a consumer (activation): asked for, or the default and no CUDA driver loaded. */
+int st_pw_wanted(void) ST_HIDDEN;
 /* Activation (act_lock held, trace file open): the memfd, the control block,
  * the consumer.  0 on success; -1: nothing changed (the caller starts the
  * writer thread instead). */
