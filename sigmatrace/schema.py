@@ -113,7 +113,7 @@ TABLES = (
           'opcode_name string, source_name string, is_read bool, ns int64, complete_ns int64, '
           'latency_ns int64?, peer_completion int64, peer_ns int64, completion int64, collective_id int64, '
           'collective_unit int64, parent_op_id int64',
-          parts=True, notes={'opcode': 'mlx5 code', 'latency_ns': 'post → own completion, F24a; NULL without a recorded completion', 'peer_ns': 'receive completion on the target',
+          parts=True, notes={'opcode': 'mlx5 code', 'dst_qp_id': 'the remote QP of a connected QP; a UD datagram\'s own destination (address handle + remote QPN, docs/report.md)', 'latency_ns': 'post → own completion, F24a; NULL without a recorded completion', 'peer_ns': 'receive completion on the target',
                              'collective_id': 'the NCCL call it was attributed to (collectives.collective_id); -1: not attributed, or attributed to a unit of several calls',
                              'collective_unit': 'the attribution unit (collectives.unit): one call, or the calls of one NCCL group / calls in flight together; -1: not attributed',
                              'parent_op_id': 'the UCP call (source ucx) whose work this WQE / work request is, -1 none (F25; rule in docs/report.md)'}),

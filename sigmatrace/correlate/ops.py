@@ -70,6 +70,14 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records, peers) -> 
             wr_id=swr["wr_id"][k].view(np.int64), num_wr=np.ones(nk, np.int32),
             doorbell_id=np.full(nk, -1, np.int32), wqe_id=np.full(nk, -1, np.int32),
             signaled=((swr["send_flags"][k] & IBV_SEND_SIGNALED) != 0), gpu=dbs.qp_gpu[sq].astype(np.int32)))
+        ud = topo.ud_mask()[sq] if topo.n and nk else np.zeros(nk, bool)
+        if ud.any():
+            # a datagram's destination is its own: the remote QPN (raddr) on the port of its address handle (rkey)
+            u = np.flatnonzero(ud)
+            dq = np.full(nk, -1, np.int32)
+            dq[u] = topo.datagram_dest(swr["process"][k][u], swr["rkey"][k][u], swr["raddr"][k][u])
+            ops_parts[-1]["dst_qp"] = dq
+            ops_parts[-1]["dst_proc"] = np.where(dq >= 0, topo.process[np.maximum(dq, 0)], -1).astype(np.int32)
         part_rows["verbs_wr"] = nk
         del sq, code
     del s_keep
@@ -102,14 +110,17 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records, peers) -> 
     del hl
     out.stats["op_parts"] = [int(part_rows.get(n, 0)) for n in PART_NAMES]
     cols = ("source", "process", "thread", "qp_id", "tsc", "opcode", "bytes", "raddr", "rkey", "wr_id", "num_wr",
-            "doorbell_id", "wqe_id", "signaled", "gpu", "dst_proc", "ep")
+            "doorbell_id", "wqe_id", "signaled", "gpu", "dst_proc", "dst_qp", "ep")
     # narrow base columns (the output dtypes are restored per row range in RowTable)
     base_dt = dict(source=np.int8, process=np.int32, thread=np.int32, qp_id=np.int32, tsc=np.uint64, opcode=np.int16,
                    bytes=np.int64, raddr=np.uint64, rkey=np.uint32, wr_id=np.int64, num_wr=np.int32,
-                   doorbell_id=np.int32, wqe_id=np.int32, signaled=bool, gpu=np.int32, dst_proc=np.int32, ep=np.int64)
+                   doorbell_id=np.int32, wqe_id=np.int32, signaled=bool, gpu=np.int32, dst_proc=np.int32,
+                   dst_qp=np.int32, ep=np.int64)
     for p_ in ops_parts:
         if "dst_proc" not in p_:      # QP-based ops: the peer comes from the QP topology
             p_["dst_proc"] = np.broadcast_to(np.int32(-1), (len(p_["tsc"]),))
+        if "dst_qp" not in p_:        # only datagrams (UD work requests) name their destination QP themselves
+            p_["dst_qp"] = np.broadcast_to(np.int32(-1), (len(p_["tsc"]),))
         if "ep" not in p_:            # only UCX calls name an endpoint (the UCP -> WQE link, F25)
             p_["ep"] = np.broadcast_to(np.int64(-1), (len(p_["tsc"]),))
     if len(ops_parts) == 1:
@@ -137,6 +148,8 @@ def unmatched_counts(op_base, topo: Topology):
     on_qp = q >= 0
     if on_qp.any():
         rem = np.where(on_qp, topo.remote[np.maximum(q, 0)] if topo.n else -1, 0)
+        if "dst_qp" in op_base:                   # datagrams name their destination QP themselves
+            rem = np.where(np.asarray(op_base["dst_qp"]) >= 0, np.asarray(op_base["dst_qp"]), rem)
         lost = on_qp & (rem < 0)
         for s_ in np.unique(src[on_qp]).tolist():
             total = int((on_qp & (src == s_)).sum())
@@ -145,8 +158,9 @@ def unmatched_counts(op_base, topo: Topology):
             for qq, c in zip(qs.tolist(), counts.tolist()):
                 r = topo.row_at(qq)
                 if r.get("kind") == "verbs" and r.get("qp_type") == 4:     # IBV_QPT_UD: no connected peer
-                    why = ("UD datagram: the destination is per work request (address handle + remote QPN), "
-                           "which the correlator does not resolve (yet)")
+                    why = ("UD datagram whose destination (its address handle's port + the remote QPN) is no "
+                           "traced QP: the address handle's creation was not recorded (simple mode, or a DevX/mlx5 "
+                           "address vector), or the peer is not traced")
                 else:
                     why = ("the remote QP is not in the capture (peer process not traced or its file missing)"
                            if r["remote_qpn"] is not None and r["remote_qpn"] >= 0 else
@@ -406,6 +420,16 @@ def op_tables(ops, wcb, proc_node, ranks, q_qpn, q_proc, q_gpu, remote, to_ns, i
                         r[c] = np.where(noq, np.where(ok, v, -1), r[c])
                 if "matched" in want:
                     r["matched"] = np.where(noq, ok, r["matched"])
+            dq = ops["dst_qp"][sel].astype(np.int64) if "dst_qp" in ops else None
+            dg = (dq >= 0) & ~noq if dq is not None and n else None
+            if dg is not None and dg.any():           # datagrams: the destination QP of each work request
+                dqc = np.maximum(dq, 0)
+                dpp = q_proc[dqc]
+                for c, v in (("dst_qp_id", dq), ("dst_qpn", q_qpn[dqc]), ("dst_process", dpp),
+                             ("dst_node", proc_node[dpp]), ("dst_rank", ranks[dpp]), ("dst_gpu", q_gpu[dqc]),
+                             ("matched", True)):
+                    if c in want:
+                        r[c] = np.where(dg, v, r[c])
         code = ops["opcode"][sel]
         if "opcode_name" in want:
             lab = Labels(code.astype(np.int64) & 0xFF, OPCODE_VOCAB)

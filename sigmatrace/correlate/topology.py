@@ -53,6 +53,38 @@ class Topology:
         self.key = pq_key(self.process, self.qpn) if n else np.zeros(0, np.int64)
         self.ids = np.arange(n, dtype=np.int64)
         self.remote, self.resolved_by = self._resolve(out)
+        self.ah_nic = self._address_handles(st, procs)
+
+    # ---- UD: the destination of each datagram ---------------------------------------------------------
+    def _address_handles(self, st, procs):
+        """(process, address-handle id) -> the NIC its GID (else LID) names; -1 when no traced NIC has it."""
+        t = st.table("IBV_CREATE_AH")
+        res = {}
+        for k in range(len(t["tsc"])):
+            pi = int(t["process"][k])
+            js = procs[pi].side_json.get(int(t["side_id"][k]))
+            js = js if isinstance(js, dict) else {}
+            nic = self.nics.by_gid.get(norm_gid(js.get("dgid"))) if js.get("is_global") else None
+            if nic is None and js.get("dlid"):
+                nic = self.nics.by_lid.get(int(js["dlid"]))
+            res[(pi, int(t["ah"][k]))] = -1 if nic is None else int(nic)
+        return res
+
+    def datagram_dest(self, proc, ah, rqpn):
+        """qp_id of each datagram's destination QP -- the remote QPN of its work request on the NIC its address
+        handle names -- or -1 (no address handle recorded, its port is no traced NIC's, or no traced QP there)."""
+        out = np.full(len(proc), -1, np.int64)
+        if not len(proc) or not self.ah_nic:
+            return out
+        memo = {}
+        for i, key in enumerate(zip(np.asarray(proc).tolist(), np.asarray(ah).tolist(), np.asarray(rqpn).tolist())):
+            q = memo.get(key)
+            if q is None:
+                nic = self.ah_nic.get((key[0], key[1]), -1)
+                cand = self.by_nic_qpn.get((nic, key[2] & 0xFFFFFF)) if nic >= 0 else None
+                q = memo[key] = cand[0] if cand and len(cand) == 1 else -1
+            out[i] = q
+        return out
 
     # ---- rows ---------------------------------------------------------------------------------------
     def row(self, pi, qpn):
@@ -171,6 +203,7 @@ class Topology:
         for key in keys:
             r = qp[key]
             by_nic_qpn.setdefault((r["nic"], r["qpn"]), []).append(r["qp_id"])
+        self.by_nic_qpn = by_nic_qpn
         for key in keys:
             by_qpn.setdefault(qp[key]["qpn"], []).append(qp[key]["qp_id"])
         remote = np.full(self.n, -1, np.int64)

@@ -13,7 +13,7 @@ from ..format import events as E
 DEFAULT_BATCH_RECORDS = 1 << 18
 
 # event types the correlator reads (its stages: correlate/pipeline.py); everything else only goes to the events table
-CORRELATOR_TYPES = ("DROPS", "DB_HIJACK_INSTALL", "IBV_CREATE_QP", "MLX5_DEVX_OBJ_CREATE", "IBV_MODIFY_QP",
+CORRELATOR_TYPES = ("DROPS", "DB_HIJACK_INSTALL", "IBV_CREATE_QP", "MLX5_DEVX_OBJ_CREATE", "IBV_MODIFY_QP", "IBV_CREATE_AH",
                     "MLX5_DEVX_OBJ_MODIFY", "DB_DOORBELL", "DB_WQE", "DB_WQE_LOST", "IBV_SEND_WR", "IBV_POST_SEND",
                     "IBV_WR_COMPLETE", "IBV_WC",
                     # UCX / libfabric identities and operations (correlate.hostlib)

@@ -98,6 +98,8 @@ EVENTS = [
     _E("IBV_REQ_NOTIFY_CQ", 0x0119, "F", aux="solicited_only", obj="cq"),
     _E("IBV_GET_CQ_EVENT", 0x011A, "F", obj="cq"),
     _E("IBV_CREATE_SRQ", 0x011B, obj="srq", arg="max_wr"),
+    _E("IBV_CREATE_AH", 0x011C, aux="port", obj="ah", arg="side_id"),
+    _E("IBV_DESTROY_AH", 0x011D, obj="ah"),
     # --- mlx5dv / DevX ---
     _E("MLX5_DEVX_ALLOC_UAR", 0x0201, aux="flags_lo", obj="page_id", arg="reg_addr", x0="base_addr", x2="flags",
        x3="mmap_off"),

@@ -45,7 +45,7 @@ enum st_layer {
 	X(IBV_MODIFY_QP,            0x010a) /* obj=qpn, aux=new state, arg=side JSON; EXT x0=attr_mask x1=dlid x2=dest_qp_num */ \
 	X(IBV_DESTROY_QP,           0x010b) /* obj=qpn */                          \
 	X(IBV_POST_SEND,            0x0110) /* S: obj=qpn, aux=num_wr, arg=bytes; EXT x0=first wr_id x1=first opcode x2=ret */ \
-	X(IBV_SEND_WR,              0x0111) /* F: obj=qpn, aux=opcode|flags<<8, arg=wr_id; EXT x0=raddr x1=num_sge x2=rkey x3=bytes */ \
+	X(IBV_SEND_WR,              0x0111) /* F: obj=qpn, aux=opcode|flags<<8, arg=wr_id; EXT x0=raddr x1=num_sge x2=rkey x3=bytes (UD: x0=remote qpn, x2=ah id) */ \
 	X(IBV_POST_RECV,            0x0112) /* S: obj=qpn, aux=num_wr, arg=bytes; EXT x0=first wr_id x2=ret */ \
 	X(IBV_RECV_WR,              0x0113) /* F: obj=qpn, aux=num_sge, arg=wr_id; EXT x0=addr x2=lkey x3=bytes */ \
 	X(IBV_POST_SRQ_RECV,        0x0114) /* S: obj=srq id, aux=num_wr, arg=bytes */ \
@@ -55,6 +55,8 @@ enum st_layer {
 	X(IBV_REQ_NOTIFY_CQ,        0x0119) /* F: obj=cq id, aux=solicited_only */ \
 	X(IBV_GET_CQ_EVENT,         0x011a) /* F: obj=cq id */                     \
 	X(IBV_CREATE_SRQ,           0x011b) /* obj=srq id, arg=max_wr */           \
+	X(IBV_CREATE_AH,            0x011c) /* obj=ah id, aux=port, arg=side JSON (dlid, is_global, dgid, sl, pd) */ \
+	X(IBV_DESTROY_AH,           0x011d) /* obj=ah id */                        \
 	/* --- mlx5dv / DevX --- */                                              \
 	X(MLX5_DEVX_ALLOC_UAR,      0x0201) /* obj=page_id, aux=flags, arg=reg_addr; EXT x0=base_addr x2=flags x3=mmap_off */ \
 	X(MLX5_DEVX_FREE_UAR,       0x0202) /* obj=page_id, arg=reg_addr */        \

@@ -133,7 +133,7 @@ struct qpstate {
 	int rung;             /* pi and word hold the last doorbell forwarded */
 	int word;             /* where that came from (watched offset | 0x100 for the GPU proxy) */
 	uint64_t stale;       /* older doorbells seen after a newer one of another word (not forwarded) */
-	int bfmode;           /* BlueFlame words: +1 the writer copies WQEs (bf_post), -1 8-byte doorbells (db), 0 not known yet */
+	int bfmode;           /* BlueFlame words: +1 the writer copies WQEs (bf_post); 0, -1, ..: probes that found no copy, -BF_PROBES: 8-byte doorbells (db) */
 };
 
 struct pend { /* one doorbell's copied range, waiting for its batch */

@@ -89,9 +89,13 @@ static void forward_word(struct page *pg, int k, const uint64_t *bf, size_t bfn,
  * seen) to be complete in the proxy register.  The writer stores the copy
  * right after the ctrl word; a longer wait means it was preempted mid-copy. */
 #define BF_WAIT_NS 100000000ull
-/* How long the first doorbell of a QP on a BlueFlame word waits before the
- * QP is taken for an 8-byte (db mode) writer. */
+/* How long each of a QP's first doorbells on a BlueFlame word waits for a
+ * copy, and how many of them must find none before the QP is taken for an
+ * 8-byte (db mode) writer: one probe alone misjudged a bf_post writer that
+ * was preempted between its ctrl word and the rest of its copy (2 cores under
+ * load), and every later copy of that QP went out as 8 bytes. */
 #define BF_PROBE_NS 200000ull
+#define BF_PROBES 3
 
 /* The WQE a doorbell value v announces, from QP s's SQ (host memory): nbb
  * WQEBBs from the ctrl's wqe_index, wrapping the ring as the writer's copy
@@ -129,7 +133,7 @@ static size_t bf_capture(struct page *pg, int k, struct qpstate *s, uint64_t v, 
 	if (want[0] != v)
 		return 0; /* the SQ slot is not this doorbell's WQE (DS-0 style, or reused): a doorbell */
 	const volatile uint64_t *p = (const volatile uint64_t *)(pg->proxy + pg->offs[k]);
-	uint64_t t0 = 0, limit = s->bfmode > 0 ? BF_WAIT_NS : s->bfmode < 0 ? 0 : BF_PROBE_NS;
+	uint64_t t0 = 0, limit = s->bfmode > 0 ? BF_WAIT_NS : s->bfmode <= -BF_PROBES ? 0 : BF_PROBE_NS;
 	for (unsigned spin = 0;; spin++) {
 		for (size_t i = 0; i < n / 8; i++)
 			buf[i] = p[i];
@@ -153,7 +157,8 @@ static size_t bf_capture(struct page *pg, int k, struct qpstate *s, uint64_t v, 
 	if (s->bfmode > 0)
 		pg->bf_torn++; /* a copy begun and not finished in time: its ctrl word alone (the NIC reads the SQ) */
 	else {
-		s->bfmode = -1;
+		if (s->bfmode > -BF_PROBES)
+			s->bfmode--; /* one more probe without a copy */
 		pg->bf_db++;
 	}
 	return 0;

@@ -219,6 +219,30 @@ static const char *const attr_names[] = {"state", "cur_state", "en_sqd_async_not
 
 /* ibv_modify_qp's record: the peer of aggregate counters (dest QPN, peer
  * node) into the QP entry, then the event with every attribute set. */
+/* An address handle: where the UD work requests naming it go (their IBV_SEND_WR carries its id). */
+void st_ibv_ah_created(struct ibv_ah *ah, struct ibv_pd *pd, const struct ibv_ah_attr *attr)
+{
+	int saved = errno;
+	char buf[512];
+	struct st_json j;
+	st_json_begin_object(&j, buf, sizeof(buf));
+	st_json_uint(&j, "pd", st_obj_id(pd, NULL));
+	st_json_uint(&j, "dlid", attr ? attr->dlid : 0);
+	st_json_uint(&j, "sl", attr ? attr->sl : 0);
+	st_json_uint(&j, "port", attr ? attr->port_num : 0);
+	st_json_bool(&j, "is_global", attr && attr->is_global);
+	if (attr && attr->is_global) {
+		char g[40];
+		st_ibv_gid_str(g, attr->grh.dgid.raw);
+		st_json_str(&j, "dgid", g);
+		st_json_uint(&j, "sgid_index", attr->grh.sgid_index);
+	}
+	st_json_close(&j, '}');
+	uint64_t sid = j.overflow ? 0 : st_side_json(buf, j.len);
+	st_ev(ST_EV_IBV_CREATE_AH, attr ? attr->port_num : 0, st_obj_id(ah, NULL), sid);
+	errno = saved;
+}
+
 static void qp_modified(int ret, struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
 	int saved = errno;

@@ -148,8 +148,10 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 		uint64_t raddr;
 		uint32_t rkey;
 		wr_remote(w, &raddr, &rkey);
-		if (qp->qp_type == IBV_QPT_UD && !raddr)
+		if (qp->qp_type == IBV_QPT_UD && !raddr) {
 			raddr = w->wr.ud.remote_qpn;
+			rkey = w->wr.ud.ah ? st_obj_id(w->wr.ud.ah, NULL) : 0; /* its IBV_CREATE_AH: the destination port */
+		}
 		st_ev_ext_at(t0, ST_EV_IBV_SEND_WR, (uint16_t)((w->opcode & 0xff) | ((w->send_flags & 0xff) << 8)), qpn,
 			     w->wr_id, raddr, (uint16_t)w->num_sge, rkey, bytes);
 	});
@@ -348,10 +350,12 @@ static inline uint32_t data_buf_bytes(const struct ibv_data_buf *list, size_t n)
 }
 
 /* UD: the destination QPN, as in post_send, unless the opcode gave one */
-static inline void xwr_ud_dest(struct st_ibv_qp *q, uint32_t rqpn)
+static inline void xwr_ud_dest(struct st_ibv_qp *q, struct ibv_ah *ah, uint32_t rqpn)
 {
-	if (q->xcur >= 0 && !q->xwr[q->xcur].raddr)
+	if (q->xcur >= 0 && !q->xwr[q->xcur].raddr) {
 		q->xwr[q->xcur].raddr = rqpn;
+		q->xwr[q->xcur].rkey = ah ? st_obj_id(ah, NULL) : 0;
+	}
 }
 
 /* The wrappers of ibv_qpx_ops.def.  One that can no longer find its QP entry

@@ -73,6 +73,8 @@ static inline struct st_ibv_ctx *st_ibv_ctx_find(const struct ibv_context *c)
 	return NULL;
 }
 
+void st_ibv_ah_created(struct ibv_ah *ah, struct ibv_pd *pd, const struct ibv_ah_attr *attr) ST_HIDDEN;
+
 /* One WR of a batch built with the ibv_qp_ex API (wr_start .. wr_complete). */
 struct st_ibv_xwr {
 	uint64_t wr_id;
