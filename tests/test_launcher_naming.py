@@ -124,12 +124,10 @@ def test_mpirun_variables_win_over_slurm(tmp_path):
     check(out, {pid: (1, 2, 1, "mpirun")})
 
 
-@pytest.mark.xfail(strict=True, reason="tracer gap (native/src/core/process.c, rank_vars/size_vars/local_vars "
-                   "order): torchrun started by srun (one srun task per node, torchrun spawns the workers) "
-                   "gives every worker its node's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, and the tracer "
-                   "prefers them to torchrun's RANK/WORLD_SIZE/LOCAL_RANK, so two workers of a node get the "
-                   "same rank and the launcher reads 'srun'")
 def test_torchrun_under_srun(tmp_path):
+    """srun starts one task per node, torchrun in it spawns the workers: each worker inherits its node's
+    SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (the agent's), and torchrun's RANK/WORLD_SIZE/LOCAL_RANK are the
+    worker's own (native/src/core/process.c: the innermost launcher wins)."""
     out = tmp_path / "t"
     want = {}
     for local in range(2):
@@ -138,3 +136,44 @@ def test_torchrun_under_srun(tmp_path):
         pid = traced(out, env)
         want[pid] = (2 + local, 4, local, "torchrun")
     check(out, want)
+
+
+def test_torchrun_without_run_id_under_srun(tmp_path):
+    """torch.distributed.launch (no TORCHELASTIC_RUN_ID) in an srun task: RANK/LOCAL_RANK still the worker's."""
+    out = tmp_path / "t"
+    env = srun_env(1, 2, 0, nodeid=1)
+    t = torchrun_env(3, 4, 1, 1, 2)
+    del t["TORCHELASTIC_RUN_ID"]
+    env.update(t)
+    pid = traced(out, env)
+    check(out, {pid: (3, 4, 1, "torchrun")})
+
+
+def test_torchrun_under_mpirun(tmp_path):
+    """torchrun's agent started as an mpirun rank: its workers inherit the agent's OMPI_COMM_WORLD_*; the
+    elastic agent's TORCHELASTIC_RUN_ID says the RANK/WORLD_SIZE/LOCAL_RANK beside them are the worker's."""
+    out = tmp_path / "t"
+    env = {"OMPI_COMM_WORLD_RANK": 1, "OMPI_COMM_WORLD_SIZE": 2, "OMPI_COMM_WORLD_LOCAL_RANK": 0}
+    env.update(torchrun_env(3, 4, 1, 1, 2))
+    pid = traced(out, env)
+    check(out, {pid: (3, 4, 1, "torchrun")})
+
+
+def test_mpirun_rank_exported_as_rank(tmp_path):
+    """A job script under mpirun that exports RANK/LOCAL_RANK itself (no TORCHELASTIC_RUN_ID): Open MPI's
+    variables are the rank, world size and local rank, all three from them."""
+    out = tmp_path / "t"
+    env = {"OMPI_COMM_WORLD_RANK": 1, "OMPI_COMM_WORLD_SIZE": 2, "OMPI_COMM_WORLD_LOCAL_RANK": 1,
+           "RANK": 7, "LOCAL_RANK": 5, "WORLD_SIZE": 9}
+    pid = traced(out, env)
+    check(out, {pid: (1, 2, 1, "mpirun")})
+
+
+def test_srun_with_pmix(tmp_path):
+    """srun --mpi=pmix: PMIX_RANK beside the task's SLURM_*; the PMIx rank, with Slurm's local rank and task
+    count (PMIx exports neither), under the launcher name mpiexec."""
+    out = tmp_path / "t"
+    env = srun_env(3, 4, 1, nodeid=1)
+    env.update(PMIX_RANK=3, PMIX_NAMESPACE="slurm.pmix.4242.0")
+    pid = traced(out, env)
+    check(out, {pid: (3, 4, 1, "mpiexec")})

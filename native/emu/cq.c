@@ -275,6 +275,18 @@ static enum ibv_wc_opcode send_op_to_wc(uint8_t op)
 	}
 }
 
+/* An SRQ WQE whose receive completed is free again: link it after the tail
+ * (as rdma-core's mlx5_free_srq_wqe). */
+static void srq_wqe_free(struct emu_srq *s, uint16_t wqe_counter)
+{
+	uint32_t idx = wqe_counter & (s->wqe_cnt - 1);
+	pthread_spin_lock(&s->plock);
+	uint16_t be = htobe16((uint16_t)idx);
+	memcpy(s->buf + (size_t)s->tail * s->stride + 2, &be, 2);
+	s->tail = idx;
+	pthread_spin_unlock(&s->plock);
+}
+
 int emu_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 {
 	struct emu_cq *cq = to_ecq(ibcq);
@@ -313,15 +325,8 @@ int emu_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 			int from_srq = qp && qp->srq;
 			if (qp) {
 				if (from_srq) {
-					struct emu_srq *s = qp->srq;
-					uint32_t idx = ctr & (s->wqe_cnt - 1);
-					w->wr_id = s->wrid[idx];
-					/* the WQE is free again: link it after the tail (rdma-core mlx5_free_srq_wqe) */
-					pthread_spin_lock(&s->plock);
-					uint16_t be = htobe16((uint16_t)idx);
-					memcpy(s->buf + (size_t)s->tail * s->stride + 2, &be, 2);
-					s->tail = idx;
-					pthread_spin_unlock(&s->plock);
+					w->wr_id = qp->srq->wrid[ctr & (qp->srq->wqe_cnt - 1)];
+					srq_wqe_free(qp->srq, ctr);
 				} else if (qp->rq_wrid) {
 					w->wr_id = qp->rq_wrid[ctr & (qp->rq_wqe_cnt - 1)];
 					qp->rq_tail++;
@@ -362,6 +367,54 @@ int emu_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 	if (!got)
 		sched_yield(); /* 2-core friendliness: let the NIC thread run */
 	return got;
+}
+
+/* ibv_destroy_qp, and a QP's move to RESET, take the QP's completions not yet
+ * polled out of its CQ, as rdma-core's mlx5 provider does (__mlx5_cq_clean,
+ * once the kernel has stopped the QP): the CQEs behind them move up, the
+ * consumer index passes the gap, and an SRQ gets the receive WQEs back.  A CQE
+ * left behind would name a QP that is gone; ibv_poll_cq would give it wr_id 0
+ * (the QP's wr_id table is freed with it), and libfabric's verbs provider,
+ * flushing its CQ when it closes an endpoint (vrb_cleanup_cq), takes wr_id as
+ * its context pointer.  A CQ the application polls itself (mlx5dv_init_obj,
+ * DevX) is left as it is, as rdma-core does (MLX5_CQ_FLAGS_DV_OWNED): its
+ * consumer index is the application's.  The caller holds the NIC lock, so no
+ * CQE of this QP comes after. */
+EXPORT void emu_cq_clean(struct emu_cq *cq, uint32_t qpn, struct emu_srq *srq)
+{
+	if (!cq || cq->dv_owned || cq->devx || cq->collapsed)
+		return;
+	pthread_spin_lock(&cq->poll_lock);
+	pthread_mutex_lock(&cq->lock);
+	uint32_t ci = cq->ci, pending = 0;
+	while (pending < cq->ncqe && ci + pending != cq->pi) {
+		uint8_t op_own = emu_cqe_at(cq, ci + pending)->op_own;
+		if ((op_own >> 4) == ST_MLX5_CQE_INVALID || (op_own & 1) != !!((ci + pending) & cq->ncqe))
+			break;
+		pending++;
+	}
+	uint32_t freed = 0;
+	for (uint32_t k = pending; k-- > 0;) {
+		struct st_mlx5_cqe64 *c = emu_cqe_at(cq, ci + k);
+		uint8_t opc = c->op_own >> 4;
+		if ((be32toh(c->sop_drop_qpn) & 0xffffff) == qpn) {
+			if (srq && opc != ST_MLX5_CQE_REQ && opc != ST_MLX5_CQE_REQ_ERR)
+				srq_wqe_free(srq, be16toh(c->wqe_counter));
+			freed++;
+		} else if (freed) {
+			/* the slot keeps its own owner bit: the one its index is valid with */
+			struct st_mlx5_cqe64 *d = emu_cqe_at(cq, ci + k + freed);
+			uint8_t own = d->op_own & 1;
+			memcpy((uint8_t *)d + 64 - cq->cqe_size, (uint8_t *)c + 64 - cq->cqe_size, cq->cqe_size);
+			d->op_own = (uint8_t)((d->op_own & ~1) | own);
+		}
+	}
+	if (freed) {
+		cq->ci = ci + freed;
+		__atomic_store_n(&cq->dbrec[ST_MLX5_CQ_SET_CI], htobe32(cq->ci & 0xffffff), __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&cq->lock);
+	pthread_spin_unlock(&cq->poll_lock);
 }
 
 /* ---- ibv_cq_ex lazy polling (CQs from mlx5dv_create_cq) ------------------- */

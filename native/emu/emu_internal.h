@@ -222,6 +222,7 @@ struct emu_cq {
 	uint32_t ci;          /* consumer (poll_cq) */
 	int collapsed;
 	int devx;
+	int dv_owned;         /* mlx5dv_init_obj gave the ring to the application: it polls and sets the CI itself */
 	int armed, arm_sol;
 	pthread_mutex_t lock; /* NIC write vs arm */
 	pthread_spinlock_t poll_lock;
@@ -601,6 +602,7 @@ int emu_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr 
 int emu_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad); /* post.c */
 int emu_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);                                 /* cq.c */
 int emu_req_notify_cq(struct ibv_cq *cq, int sol);                                            /* cq.c */
+void emu_cq_clean(struct emu_cq *cq, uint32_t qpn, struct emu_srq *srq); /* cq.c; NIC lock held */
 struct ibv_qp *emu_create_qp_ex(struct ibv_context *c, struct ibv_qp_init_attr_ex *a);        /* qp.c */
 struct ibv_srq *emu_create_srq_ex(struct ibv_context *c, struct ibv_srq_init_attr_ex *a);     /* srq.c */
 

@@ -78,6 +78,7 @@ EXPORT int mlx5dv_init_obj(struct mlx5dv_obj *obj, uint64_t type)
 		o->cqn = cq->cqn;
 		if (!o->cq_uar)
 			return ENOMEM;
+		cq->dv_owned = 1;
 	}
 	if (type & MLX5DV_OBJ_SRQ) {
 		struct emu_srq *s = (struct emu_srq *)obj->srq.in;

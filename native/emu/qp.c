@@ -191,6 +191,9 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	struct emu_nic *nic = qp->nic;
 	pthread_mutex_lock(&nic->lock);
 	emu_qp_unregister(nic, qp);
+	emu_cq_clean(qp->rcq, qp->qpn, qp->srq);
+	if (qp->scq != qp->rcq)
+		emu_cq_clean(qp->scq, qp->qpn, NULL);
 	if (qp->uarobj && --qp->uarobj->refs == 0) {
 		if (nic->shared_uar == qp->uarobj)
 			nic->shared_uar = NULL;
@@ -315,6 +318,9 @@ EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask
 	if (mask & IBV_QP_STATE) {
 		if (nw == IBV_QPS_RESET) {
 			emu_qp_apply_reset(qp);
+			emu_cq_clean(qp->rcq, qp->qpn, qp->srq);
+			if (qp->scq != qp->rcq)
+				emu_cq_clean(qp->scq, qp->qpn, NULL);
 		} else if (nw == IBV_QPS_ERR) {
 			emu_qp_to_error(qp);
 		} else if (nw == IBV_QPS_RTR && ibqp->qp_type != IBV_QPT_UD) {

@@ -8,7 +8,8 @@
  *       bad rkey, out-of-range, missing remote access -> IBV_WC_REM_ACCESS_ERR
  *       and flush of the following WR, bad lkey -> IBV_WC_LOC_PROT_ERR,
  *       SEND larger than the receive buffer -> REM_INV_REQ_ERR / LOC_LEN_ERR,
- *       post_send in INIT -> EINVAL, RESET->RTR -> EINVAL.
+ *       post_send in INIT -> EINVAL, RESET->RTR -> EINVAL; a QP destroyed
+ *       or reset with completions unpolled leaves none in a shared CQ.
  *   emu_err_client --survivor DIR | --victim DIR
  *       two processes connected through files in DIR; the victim keeps the
  *       connection busy until killed; the survivor keeps RDMA writes and
@@ -44,15 +45,18 @@ struct side {
 	struct ibv_qp *qp;
 	struct ibv_mr *mr, *mr_ro; /* mr: all access; mr_ro: local only */
 	uint8_t *buf, *buf_ro;
+	int shared_cq; /* cq is another side's */
 };
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static uint16_t my_lid;
 
-static void mk_side(struct side *s)
+/* a side on its own CQ, or (cq given) on another side's */
+static void mk_side_on(struct side *s, struct ibv_cq *cq)
 {
-	s->cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	s->shared_cq = cq != NULL;
+	s->cq = cq ? cq : ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	struct ibv_qp_init_attr ia = { .send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
 				       .cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2, .max_recv_sge = 2,
 						.max_inline_data = 64 } };
@@ -68,10 +72,17 @@ static void mk_side(struct side *s)
 		DIE("setup failed (%s)", strerror(errno));
 }
 
+static void mk_side(struct side *s)
+{
+	mk_side_on(s, NULL);
+}
+
 static void rm_side(struct side *s)
 {
-	ibv_destroy_qp(s->qp);
-	ibv_destroy_cq(s->cq);
+	if (s->qp)
+		ibv_destroy_qp(s->qp);
+	if (!s->shared_cq)
+		ibv_destroy_cq(s->cq);
 	ibv_dereg_mr(s->mr);
 	ibv_dereg_mr(s->mr_ro);
 	free(s->buf);
@@ -271,6 +282,57 @@ static void local_errors(void)
 	rm_side(&b);
 }
 
+/* A QP destroyed (or moved to RESET) with completions not yet polled: its
+ * CQEs leave the CQ it shares with another QP, as with rdma-core's mlx5
+ * (mlx5_destroy_qp, mlx5_modify_qp -> __mlx5_cq_clean); the other QP's stay,
+ * in order.  Before, ibv_poll_cq returned them with wr_id 0 (libfabric's
+ * verbs provider took that as a pointer, fi_pingpong verbs;ofi_rxd). */
+static void cq_clean(int reset)
+{
+	struct side a, b, c, e;
+	mk_side(&a);
+	mk_side(&b);
+	mk_side(&c);
+	mk_side_on(&e, b.cq);
+	connect_pair(&a, &b);
+	connect_pair(&c, &e);
+	struct ibv_wc wc;
+	for (int i = 0; i < 3; i++) {
+		EXPECT(!post_recv(&b, 100 + i, b.buf + 1024 * i, 1024), "post_recv b");
+		EXPECT(!post(&a, IBV_WR_SEND, 10 + i, a.buf, 64, a.mr->lkey, 0, 0, 0, 0, 0), "post send a");
+	}
+	/* a's send completions come with the ACKs, after b's receive CQEs are written */
+	for (int i = 0; i < 3; i++)
+		EXPECT(poll1(a.cq, &wc, 5) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 10 + (uint64_t)i,
+		       "send %d completion", i);
+	EXPECT(!post_recv(&e, 200, e.buf, 1024), "post_recv e");
+	EXPECT(!post(&c, IBV_WR_SEND, 20, c.buf, 32, c.mr->lkey, 0, 0, 0, 0, 0), "post send c");
+	EXPECT(poll1(c.cq, &wc, 5) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 20, "send c completion");
+	/* b's CQ: 3 receive CQEs of b, then e's */
+	uint32_t bqpn = b.qp->qp_num;
+	if (reset) {
+		struct ibv_qp_attr at = { .qp_state = IBV_QPS_RESET };
+		EXPECT(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0, "b -> RESET");
+	} else {
+		EXPECT(ibv_destroy_qp(b.qp) == 0, "destroy b");
+		b.qp = NULL;
+	}
+	int n = poll1(b.cq, &wc, 5);
+	EXPECT(n == 1 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV && wc.wr_id == 200 &&
+		       wc.qp_num == e.qp->qp_num && wc.byte_len == 32,
+	       "after %s of qp 0x%x: n=%d wr_id %llu qp 0x%x (want e's receive: wr_id 200, qp 0x%x)",
+	       reset ? "RESET" : "destroy", bqpn, n, n == 1 ? (unsigned long long)wc.wr_id : 0ull,
+	       n == 1 ? wc.qp_num : 0, e.qp->qp_num);
+	n = ibv_poll_cq(b.cq, 1, &wc);
+	EXPECT(n == 0, "a completion of qp 0x%x is left: n=%d wr_id %llu qp 0x%x", bqpn, n,
+	       n == 1 ? (unsigned long long)wc.wr_id : 0ull, n == 1 ? wc.qp_num : 0);
+	printf("CHECK %s with completions unpolled -> its CQEs leave the shared CQ\n", reset ? "RESET" : "destroy_qp");
+	rm_side(&e);
+	rm_side(&c);
+	rm_side(&b);
+	rm_side(&a);
+}
+
 /* ---- peer death ------------------------------------------------------------- */
 static void put_file(const char *dir, const char *name, const char *text)
 {
@@ -380,6 +442,8 @@ int main(int argc, char **argv)
 	remote_error("READ without remote access", IBV_WR_RDMA_READ, 2, IBV_WC_REM_ACCESS_ERR);
 	remote_error("bad rkey FETCH_ADD", IBV_WR_ATOMIC_FETCH_AND_ADD, 0, IBV_WC_REM_ACCESS_ERR);
 	local_errors();
+	cq_clean(0);
+	cq_clean(1);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
 	ibv_free_device_list(l);

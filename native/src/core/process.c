@@ -243,23 +243,56 @@ static int env_int(const char *const *names)
 	return -1;
 }
 
+/* Which launcher started this process, and the variables it gives its rank, local rank and world size
+ * in.  The innermost launcher describes the process, so the order matters: torchrun's elastic agent
+ * (TORCHELASTIC_RUN_ID, set for its workers only) spawns workers inside an srun task or an mpirun rank,
+ * whose SLURM_* / OMPI_* variables the workers inherit and which describe the agent, not the worker;
+ * mpirun inside a Slurm allocation likewise inherits the allocation's SLURM_*.  RANK and LOCAL_RANK
+ * without TORCHELASTIC_RUN_ID (torchrun --standalone of old, torch.distributed.launch) still win over
+ * Slurm's, which a job's every process inherits, but not over an MPI launcher's: scripts under mpirun
+ * often export RANK themselves.  Each launcher's three values come from its own variables only. */
+struct launcher_vars {
+	const char *name;
+	const char *const *detect; /* all set: this launcher (NULL-terminated) */
+	const char *const *rank, *const *local, *const *size;
+};
+
+#define ST_VARS(...) ((const char *const[]){__VA_ARGS__, NULL})
+static const struct launcher_vars launchers[] = {
+	{"torchrun", ST_VARS("TORCHELASTIC_RUN_ID"), ST_VARS("RANK"), ST_VARS("LOCAL_RANK"), ST_VARS("WORLD_SIZE")},
+	{"mpirun", ST_VARS("OMPI_COMM_WORLD_RANK"), ST_VARS("OMPI_COMM_WORLD_RANK"),
+	 ST_VARS("OMPI_COMM_WORLD_LOCAL_RANK"), ST_VARS("OMPI_COMM_WORLD_SIZE")},
+	/* a PMI/PMIx rank (MPICH's Hydra, srun --mpi=pmi2/pmix): the local rank and size, where the PMI
+	 * gives none, are the Slurm task's, the same process */
+	{"mpiexec", ST_VARS("PMI_RANK"), ST_VARS("PMI_RANK"), ST_VARS("MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"),
+	 ST_VARS("PMI_SIZE", "SLURM_NTASKS")},
+	{"mpiexec", ST_VARS("PMIX_RANK"), ST_VARS("PMIX_RANK"), ST_VARS("PMI_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"),
+	 ST_VARS("PMI_SIZE", "SLURM_NTASKS")},
+	{"torchrun", ST_VARS("RANK", "LOCAL_RANK"), ST_VARS("RANK"), ST_VARS("LOCAL_RANK"), ST_VARS("WORLD_SIZE")},
+	{"srun", ST_VARS("SLURM_PROCID"), ST_VARS("SLURM_PROCID"), ST_VARS("SLURM_LOCALID"), ST_VARS("SLURM_NTASKS")},
+	/* none of them: whatever rank variable there is, under the launcher --launcher names */
+	{NULL, ST_VARS(NULL), ST_VARS("RANK"), ST_VARS("LOCAL_RANK"), ST_VARS("WORLD_SIZE")},
+};
+#undef ST_VARS
+
+static int all_set(const char *const *names)
+{
+	for (; *names; names++)
+		if (!getenv(*names))
+			return 0;
+	return 1;
+}
+
 ST_HIDDEN void st_writer_init(void)
 {
-	static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK", NULL};
-	static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
-						 "SLURM_LOCALID", "LOCAL_RANK", NULL};
-	static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "WORLD_SIZE", NULL};
-	st_rank = env_int(rank_vars);
-	local_rank = env_int(local_vars);
-	world_size = env_int(size_vars);
-	if (getenv("OMPI_COMM_WORLD_RANK"))
-		strcpy(launcher, "mpirun");
-	else if (getenv("PMI_RANK") || getenv("PMIX_RANK"))
-		strcpy(launcher, "mpiexec");
-	else if (getenv("SLURM_PROCID"))
-		strcpy(launcher, "srun");
-	else if (getenv("TORCHELASTIC_RUN_ID") || (getenv("RANK") && getenv("LOCAL_RANK")))
-		strcpy(launcher, "torchrun");
+	const struct launcher_vars *l = launchers;
+	while (!all_set(l->detect))
+		l++;
+	st_rank = env_int(l->rank);
+	local_rank = env_int(l->local);
+	world_size = env_int(l->size);
+	if (l->name)
+		strcpy(launcher, l->name);
 	else if (st_cfg.launcher[0])
 		strcpy(launcher, st_cfg.launcher);
 	if (gethostname(st_host, sizeof(st_host) - 1) != 0)
