@@ -157,14 +157,15 @@ def _on_cluster(cluster, files, out, prog, quiet, timings, **kw):
         if link and not quiet:
             print(f"sigmatrace: Dask dashboard {link}", file=sys.stderr, flush=True)
         t = time.perf_counter()
-        stages, held = {}, {}
+        stages, held, tasks = {}, {}, {}
         try:
-            got = C.correlate_and_write(client, files, out, progress=prog, stage_s=stages, held=held, **kw)
+            got = C.correlate_and_write(client, files, out, progress=prog, stage_s=stages, held=held, tasks=tasks, **kw)
         finally:
             prog.close()
         timings["correlate_and_tables_s"] = time.perf_counter() - t
         timings["cluster_stages_s"] = stages
         timings["cluster_driver_rows"] = held
+        timings["cluster_tasks"] = tasks
         return got
     finally:
         if close is not None:
