@@ -81,6 +81,14 @@ def test_one_file_in_bounded_ranges_equals_local(tmp_path, client, monkeypatch):
     import json
     tasks = json.loads((cluster / "summary.json").read_text())["timings_s"]["cluster_tasks"]
     assert tasks["decode"] > 3 * len(list(Path(d).glob("*.trace"))), tasks   # processes split, not read whole
+    # the summary's sums come from the Dask reduction over the ops parts: the driver does not query them
+    import sigmatrace.report.summary as S
+
+    def no_query(con, name):
+        raise AssertionError(f"the driver queried {name} over the whole ops table")
+    monkeypatch.setattr(S, "summable", no_query)
+    build_report(cap, tmp_path / "reduced", cluster=client, workers=2, quiet=True, max_perfetto_events=500_000)
+    _same_report(local, tmp_path / "reduced")
 
 
 def test_fixture_in_bounded_ranges_equals_local(tmp_path, client, monkeypatch):

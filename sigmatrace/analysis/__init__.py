@@ -28,29 +28,32 @@ def _rows(con, name, **kw):
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
-def comm_matrix(source, level="node"):
-    """(labels, matrix of bytes [src, dst], matrix of ops) at node / rank / gpu level."""
+def comm_matrix(source, level="node", rows=None):
+    """(labels, matrix of bytes [src, dst], matrix of ops) at node / rank / gpu level.  ``rows``: the rows of
+    the named query matrix_<level> when they were computed elsewhere (the cluster report adds up its parts':
+    ``summable``)."""
     con = _con(source)
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}")
+    got = rows if rows is not None else _rows(con, f"matrix_{level}")
     if level == "node":
         labels = [r[0] for r in con.execute("SELECT label FROM nodes ORDER BY node").fetchall()]
         ids = list(range(len(labels)))
-        rows = [(r["src_node"], r["dst_node"], r["bytes"], r["ops"]) for r in _rows(con, "matrix_node")]
+        rows = [(r["src_node"], r["dst_node"], r["bytes"], r["ops"]) for r in got]
     elif level == "rank":
         ids = [r[0] for r in con.execute("SELECT DISTINCT rank FROM processes WHERE rank >= 0 ORDER BY rank").fetchall()]
         labels = [f"rank{r}" for r in ids]
-        rows = [(r["src_rank"], r["dst_rank"], r["bytes"], r["ops"]) for r in _rows(con, "matrix_rank")]
+        rows = [(r["src_rank"], r["dst_rank"], r["bytes"], r["ops"]) for r in got]
     elif level == "gpu":
-        got = con.execute("SELECT gpu, label FROM gpus ORDER BY gpu").fetchall()
-        ids = [g for g, _ in got]
-        labels = [l for _, l in got]
-        rows = [(r["src_gpu"], r["dst_gpu"], r["bytes"], r["ops"]) for r in _rows(con, "matrix_gpu")]
-    elif level == "qp":
-        got = con.execute("SELECT qp_id, qpn, rank FROM qps ORDER BY qp_id").fetchall()
-        ids = [q for q, _, _ in got]
-        labels = [f"r{r}:{qpn:#x}" for _, qpn, r in got]
-        rows = [(r["qp_id"], r["dst_qp_id"], r["bytes"], r["ops"]) for r in _rows(con, "matrix_qp")]
+        gl = con.execute("SELECT gpu, label FROM gpus ORDER BY gpu").fetchall()
+        ids = [g for g, _ in gl]
+        labels = [l for _, l in gl]
+        rows = [(r["src_gpu"], r["dst_gpu"], r["bytes"], r["ops"]) for r in got]
     else:
-        raise ValueError(f"level must be one of {LEVELS}")
+        ql = con.execute("SELECT qp_id, qpn, rank FROM qps ORDER BY qp_id").fetchall()
+        ids = [q for q, _, _ in ql]
+        labels = [f"r{r}:{qpn:#x}" for _, qpn, r in ql]
+        rows = [(r["qp_id"], r["dst_qp_id"], r["bytes"], r["ops"]) for r in got]
     pos = {v: i for i, v in enumerate(ids)}
     m = np.zeros((len(ids), len(ids)), np.int64)
     c = np.zeros((len(ids), len(ids)), np.int64)

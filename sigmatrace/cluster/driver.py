@@ -10,7 +10,9 @@ table, warning and statistic is the local report's.
   pairs             per part, per QP pair across parts -> causal pairs' clock statistics
   refine            (driver; its second pass runs ``window_stats`` per part)
   write             per part                           -> table parts, barrier candidates, counters, earliest
-  barriers, losses, aggregates, small tables, the joined doorbells / wqes, the Perfetto window    (driver)
+  barriers, losses, aggregates, small tables, the joined doorbells / wqes                        (driver)
+  summary_part      per part (its ops files), merged in a tree -> the summary's sums (analysis.summable)
+  the Perfetto window                                                                             (driver)
   window_rows       per part                           -> the rows the trace draws
 
 Data moves between tasks through the scratch directory (shared filesystem, ``store``) or as small results;
@@ -341,6 +343,8 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
         held(f"{name}_join_batch", PQ.join_parts([parts[k].dir / f"{name}.parquet" for k in active],
                                                  tdir / f"{name}.parquet"))
     T0("small_tables")
+    out.summed = _summed(R, out_dir, active, files_of)
+    T0("summary_reduce_tasks")
     win = None
     if perfetto:
         win = _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held)
@@ -348,6 +352,25 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
     else:
         R.client.cancel(topk_f)
     return out, win
+
+
+def _summed(R, out_dir, active, files_of):
+    """The summary's and figures' sums over the ops table (``analysis.summable``: totals, opcodes, matrices, GPU
+    volumes) as a Dask reduction: one task per part over its ops files, one for the aggregate-mode counters,
+    merged in a tree of FAN_IN; only the root (one row per key: node / rank / GPU pair, GPU, opcode) comes
+    here, not the ops rows."""
+    from ..analysis.summable import merge
+    files = [[p for p, _, _ in files_of[k].get("ops", ())] for k in active]
+    files = [f for f in files if f]
+    first = files[0][:1]                     # there is always one ops file (``_part_files``)
+    levels = [R.submit("summary", shard.summary_part, [(str(out_dir), f, False) for f in files] +
+                       [(str(out_dir), first, True)])]
+    while len(levels[-1]) > 1:
+        below = levels[-1]
+        levels.append([R.client.submit(merge, *below[i:i + FAN_IN],
+                                       key=f"sigmatrace-summed-{R.token}-{len(levels)}-{i}", pure=False)
+                       for i in range(0, len(below), FAN_IN)])
+    return R.wait("summary", levels[-1])[0]
 
 
 def _barriers(R, out, parts, active, counts, held):

@@ -19,7 +19,8 @@ stages between them):
                   events parts in their final place, doorbells and WQEs for the driver to join), its barrier
                   hit counts per (address, participant), Perfetto counters and candidates;
   ``barrier_arrivals``  the part's participants' arrivals at the barrier addresses the counts found;
-  ``window_rows`` the rows the trace draws.
+  ``window_rows`` the rows the trace draws;
+  ``summary_part`` the summary's sums (``analysis.summable``) over the part's ops files, merged in a tree.
 
 Every task reads and writes only its part's scratch directory (``store``) plus, for the exchange, the files of
 the parts it matches with; a task that runs again rewrites the same files.
@@ -484,3 +485,22 @@ def window_rows(part: Part, ctx, g, cut, truncated, host_cut, top_qps):
     pi = np.asarray(L["doorbells"]["producer_index"], np.int64)
     cols["doorbell_pi"] = np.where(dbi >= 0, pi[np.maximum(dbi, 0)] if len(pi) else -1, -1)
     return host, D, cols, drawn, series
+
+
+# ---- the summary's sums ---------------------------------------------------------------------------------
+def summary_part(report_dir, ops_files, aggregates):
+    """``analysis.summable``'s sums over some part files of the written ops table (a part's); ``aggregates``:
+    this task (exactly one, with no ops rows) counts the aggregate-mode counters, which the matrices fold in."""
+    from ..analysis.summable import partial
+    from ..query import connect
+    con = connect(report_dir)
+    try:
+        src = ", ".join(f"'{Path(p).as_posix()}'" for p in ops_files)
+        con.execute(f"CREATE OR REPLACE VIEW ops AS SELECT * FROM read_parquet([{src}])")
+        # the other table without rows: materialized empty first (a view cannot select from itself)
+        empty = "ops" if aggregates else "aggregates"
+        con.execute(f"CREATE TEMP TABLE _empty AS SELECT * FROM {empty} LIMIT 0")
+        con.execute(f"CREATE OR REPLACE VIEW {empty} AS SELECT * FROM _empty")
+        return partial(con)
+    finally:
+        con.close()

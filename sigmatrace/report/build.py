@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .. import analysis as A
+from ..analysis.summable import rows as summed_rows
 from ..correlate import correlate
 from ..errors import SigmatraceError
 from ..export import write_perfetto
@@ -129,14 +130,15 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet,
     con = connect(out)   # the written Parquet tables: the same views `sigmatrace query` sees
     spill = _bounded(con, out) if cluster is not None else None
     try:
-        summary = build_summary(corr, con, pstats)
+        summed = corr.summed      # the cluster report's reduction over its ops parts (None: queried here)
+        summary = build_summary(corr, con, pstats, summed=summed)
         summary["timings_s"] = timings
         write_summary(summary, out / "summary.json")
         timings["summary_s"] = time.perf_counter() - t
         if figures:
             t = time.perf_counter()
             try:
-                _figures(con, out / "figures", progress=prog)
+                _figures(con, out / "figures", progress=prog, summed=summed)
             except Exception as e:  # figures are a convenience: never lose the report for them
                 corr.warnings.append(f"figures not drawn: {e}")
             prog.close()
@@ -188,10 +190,11 @@ def _bounded(con, out):
 FIGURE_KINDS = 7   # node, rank, GPU matrices; GPU, node bandwidth; barriers; latency
 
 
-def _figures(con, fig_dir, t0_ns=None, progress=QUIET):
+def _figures(con, fig_dir, t0_ns=None, progress=QUIET, summed=None):
     """Every figure of the report (docs/report.md, "Figures"); times relative to ``t0_ns``, the capture's start
     (summary.json's time_range_ns next to ``fig_dir`` when not given), like the terminal summary.  ``progress``
-    counts the FIGURE_KINDS (drawn or, without data, skipped)."""
+    counts the FIGURE_KINDS (drawn or, without data, skipped).  ``summed``: as ``build_summary``'s (the
+    matrices)."""
     progress("figures", 0, total=FIGURE_KINDS, unit="figure")
     fig_dir.mkdir(parents=True, exist_ok=True)
     if t0_ns is None:
@@ -203,7 +206,8 @@ def _figures(con, fig_dir, t0_ns=None, progress=QUIET):
             t0_ns = None
     written = []
     for level in ("node", "rank", "gpu"):
-        labels, m, _ = A.comm_matrix(con, level)
+        labels, m, _ = A.comm_matrix(con, level, rows=None if summed is None else summed_rows(summed,
+                                                                                              f"matrix_{level}"))
         if len(labels) and m.any():
             written += A.heatmap(labels, m, str(fig_dir / f"matrix_{level}"),
                                  title=f"{dict(node='Node', rank='Rank', gpu='GPU')[level]}-level traffic "
