@@ -143,7 +143,8 @@ class _KillOnce(distributed.WorkerPlugin):
 
 
 @pytest.mark.parametrize("stage", ["sigmatrace-correlate", "sigmatrace-pairs", "sigmatrace-tables",
-                                   "sigmatrace-earliest", "sigmatrace-perfetto"])
+                                   "sigmatrace-earliest", "sigmatrace-perfetto", "sigmatrace-summary",
+                                   "sigmatrace-summed"])
 def test_worker_killed_mid_report(stage, synthetic, tmp_path, client):
     ref = tmp_path / "ref"
     build_report(synthetic, ref, workers=1, figures=False, quiet=True, max_perfetto_events=WINDOW, cluster=client)
