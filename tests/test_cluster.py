@@ -101,6 +101,30 @@ def test_fixture_in_bounded_ranges_equals_local(tmp_path, client, monkeypatch):
     assert tasks["decode"] >= 3 * 16, tasks
 
 
+def test_figure_sums_equal_the_queries(synthetic, tmp_path, client):
+    """The figures' data from the cluster report's reductions (matrices, time span, bandwidth bins per GPU and
+    node) equal the named queries over the whole written ops table."""
+    import sigmatrace.analysis as A
+    from sigmatrace.analysis.summable import rows, span_ns
+    from sigmatrace.query import connect
+    corr, _, tm = build_report(synthetic, tmp_path / "c", cluster=client, workers=2, quiet=True,
+                               max_perfetto_events=WINDOW)
+    assert tm["cluster_tasks"]["bandwidth"] >= 2, tm["cluster_tasks"]
+    con = connect(tmp_path / "c")
+    span = con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0]
+    assert span > 0 and span_ns(corr.summed) == span
+    bin_ns = A.bandwidth_bin_ns(span)
+    for level in ("gpu", "node"):
+        want = A.bandwidth(con, level, bin_ns)
+        assert len(want) > 10, want
+        assert A.bandwidth(con, level, bin_ns, binned=rows(corr.summed, f"bandwidth_{level}_bins")) == want
+        assert A.bandwidth(con, level, bin_ns) == want          # the connection's ops is the table again
+    for level in ("node", "rank", "gpu"):
+        _, m, c = A.comm_matrix(con, level)
+        _, m2, c2 = A.comm_matrix(con, level, rows=rows(corr.summed, f"matrix_{level}"))
+        assert m.sum() > 0 and (m == m2).all() and (c == c2).all(), level
+
+
 def test_planned_decode_tasks_grow_with_the_file(tmp_path):
     """For a fixed part size the planned byte ranges (one decode task each) grow with the file -- one huge
     process too -- each at most the part size (or one chunk), covering the file; the plan reads the chunk

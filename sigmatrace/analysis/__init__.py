@@ -76,9 +76,33 @@ def barrier_report(source):
     return _rows(con, "barriers"), _rows(con, "barrier_arrivals")
 
 
-def bandwidth(source, level="gpu", bin_ns=1_000_000):
+def bandwidth_bin_ns(span_ns):
+    """The bandwidth figures' bin: 200 bins over the operations' time span, at least 1 µs."""
+    return max(1000, int(span_ns // 200) + 1)
+
+
+def bandwidth(source, level="gpu", bin_ns=1_000_000, binned=None):
+    """Rows of the named query bandwidth_<level>.  ``binned``: the operations' bytes already summed per
+    (GPU / node, bin of ``bin_ns``) elsewhere (``summable.BINNED``; the cluster report adds up its parts'):
+    the query then reads those rows as its ops table (one row per bin, at the bin's start: the same bins,
+    the same sums)."""
     con = _con(source)
-    return _rows(con, f"bandwidth_{level}", bin_ns=int(bin_ns))
+    if binned is None:
+        return _rows(con, f"bandwidth_{level}", bin_ns=int(bin_ns))
+    import pyarrow as pa
+    t = pa.table({level: np.array([r[level] for r in binned], np.int64),
+                  "ns": np.array([r["ns"] for r in binned], np.int64),
+                  "bytes": np.array([r["bytes"] for r in binned], np.int64)})
+    con.register("_sigmatrace_binned_t", t)
+    con.execute("CREATE SCHEMA IF NOT EXISTS _sigmatrace_binned")
+    con.execute("CREATE OR REPLACE VIEW _sigmatrace_binned.ops AS SELECT * FROM _sigmatrace_binned_t")
+    con.execute("SET search_path = '_sigmatrace_binned,main'")     # ``ops`` is the binned rows, the rest main's
+    try:
+        return _rows(con, f"bandwidth_{level}", bin_ns=int(bin_ns))
+    finally:
+        con.execute("RESET search_path")
+        con.execute("DROP VIEW _sigmatrace_binned.ops")
+        con.unregister("_sigmatrace_binned_t")
 
 
 def named_sql(name):

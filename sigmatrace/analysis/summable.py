@@ -4,9 +4,11 @@ and byte sums of the ``ops`` rows (and of the aggregate-mode counters).  A repor
 (``partial``) and adding the parts up (``merge``, a reduction); the local report runs it on the whole table
 (``summable``).  A sum of integers does not depend on how the rows are split, so both give the same rows.
 
-Each entry: the query, the columns that order its rows (its ORDER BY) and its value columns (summed); every
-other column is part of the key.  Only integer sums and counts belong here (an average or a minimum would need
-its own merge rule; a LIMIT cannot be split at all)."""
+Each entry: the query, the columns that order its rows (its ORDER BY), its value columns and how each is
+merged ("sum", default; "min" / "max", NULL where a part has no rows); every other column is part of the
+key.  Only integer counts, sums and extremes belong here (an average would need its own merge rule; a LIMIT
+cannot be split at all).  ``BINNED``: the operations' bytes per (GPU or node, time bin) for the bandwidth
+figures, whose named queries then run on those rows as on the operations (``analysis.bandwidth``)."""
 from __future__ import annotations
 
 from ..query import named_queries
@@ -26,16 +28,27 @@ SUMMABLE = {
     "matrix_rank": (None, ("src_rank", "dst_rank"), ("bytes", "ops")),
     "matrix_gpu": (None, ("src_gpu", "dst_gpu"), ("bytes", "ops")),
     "gpu_volume": (None, ("gpu",), ("egress_bytes", "ingress_bytes", "ops_out", "ops_in")),
+    "ns_range": ("SELECT min(ns) AS min_ns, max(ns) AS max_ns FROM ops", (), ("min_ns", "max_ns"), ("min", "max")),
 }
+# the rows bandwidth_<level>.sql reads (its bins: ns // bin_ns), summed per bin; the bin's start stands for ns
+BINNED = {f"bandwidth_{k}_bins": (f"SELECT {k}, ns // {{bin_ns}} * {{bin_ns}} AS ns, sum(bytes) AS bytes FROM ops "
+                                  f"WHERE {k} >= 0 GROUP BY ALL", (k, "ns"), ("bytes",)) for k in ("gpu", "node")}
+SUMMABLE.update(BINNED)
+MERGE = {"sum": lambda a, b: a + b, "min": min, "max": max}
 
 
-def _sql(name):
+def _sql(name, params):
     sql = SUMMABLE[name][0]
-    return sql if sql is not None else _named(name)
+    return sql.format(**params) if sql is not None else _named(name)
 
 
-def _fetch(con, name):
-    cur = con.execute(_sql(name))
+def _merges(name):
+    e = SUMMABLE[name]
+    return e[3] if len(e) > 3 else ("sum",) * len(e[2])
+
+
+def _fetch(con, name, params=None):
+    cur = con.execute(_sql(name, params or {}))
     cols = [d[0] for d in cur.description]
     return cols, cur.fetchall()
 
@@ -46,22 +59,27 @@ def summable(con, name):
     return [dict(zip(cols, r)) for r in rows]
 
 
-def partial(con, names=tuple(SUMMABLE)):
-    """{name: (columns, {key: [values]})} of the rows ``con`` sees (one part of the ops table)."""
+SUMMARY = tuple(n for n in SUMMABLE if n not in BINNED)
+
+
+def partial(con, names=SUMMARY, **params):
+    """{name: (columns, {key: [values]})} of the rows ``con`` sees (one part of the ops table); ``params``:
+    the queries' parameters (``bin_ns``)."""
     out = {}
     for name in names:
-        cols, rows = _fetch(con, name)
+        cols, rows = _fetch(con, name, params)
         vals = SUMMABLE[name][2]
         vi = [cols.index(v) for v in vals]
         ki = [i for i, c in enumerate(cols) if c not in vals]
         got = {}
         for r in rows:
-            k = tuple(r[i] for i in ki)
-            acc = got.setdefault(k, [0] * len(vi))
-            for j, i in enumerate(vi):
-                acc[j] += int(r[i] or 0)
+            got[tuple(r[i] for i in ki)] = [None if r[i] is None else int(r[i]) for i in vi]   # keys unique
         out[name] = (cols, got)
     return out
+
+
+def _merge_values(name, acc, v):
+    return [b if a is None else a if b is None else MERGE[m](a, b) for m, a, b in zip(_merges(name), acc, v)]
 
 
 def merge(*parts):
@@ -72,7 +90,7 @@ def merge(*parts):
             into = out.setdefault(name, (cols, {}))[1]
             for k, v in got.items():
                 acc = into.get(k)
-                into[k] = list(v) if acc is None else [a + b for a, b in zip(acc, v)]
+                into[k] = list(v) if acc is None else _merge_values(name, acc, v)
     return out
 
 
@@ -86,6 +104,10 @@ def rows(merged, name):
         d = dict(zip(keys, k))
         d.update(zip(vals, v))
         out.append({c: d[c] for c in cols})
-    if not order and not out:       # a query without GROUP BY has one row, also over no rows
-        out = [dict.fromkeys(cols, 0)]
     return sorted(out, key=lambda d: tuple(d[c] for c in order))
+
+
+def span_ns(merged):
+    """max(ns) - min(ns) of the operations (0 without any), as the figures' ``SELECT max(ns) - min(ns)``."""
+    r = rows(merged, "ns_range")[0]
+    return 0 if r["max_ns"] is None else r["max_ns"] - r["min_ns"]

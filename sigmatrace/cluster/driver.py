@@ -149,12 +149,13 @@ class _Timer:
 
 def correlate_and_write(client, files, out_dir, progress=None, workers=None, clock_refine="auto", perfetto=True,
                         max_perfetto_events=500_000, batch_records=None, refine_windows=16, bins=400,
-                        stage_s=None, held=None, part_bytes=None, tasks=None):
+                        stage_s=None, held=None, part_bytes=None, tasks=None, figures=True):
     """Correlate the capture ``files`` on the Dask cluster of ``client`` and write every table under
     ``out_dir/tables``; returns (``Correlated`` with the small tables, the Perfetto ``Window`` or None).
     ``stage_s``: gets the seconds of every stage; ``held``: a ``Held`` (or a dict it fills), what this
     process materialized of the capture's records (tests and benchmarks: it must not grow with the capture).
-    ``tasks``: a dict that gets the number of tasks of every round.  ``part_bytes``: the most bytes of a capture file one ``decode`` task reads (default PART_BYTES, or
+    ``tasks``: a dict that gets the number of tasks of every round; ``figures``: the figures' sums too.
+    ``part_bytes``: the most bytes of a capture file one ``decode`` task reads (default PART_BYTES, or
     SIGMATRACE_CLUSTER_PART_BYTES): a file, or a process, larger than that is decoded in several tasks."""
     from ..decode import DEFAULT_BATCH_RECORDS
     out_dir = Path(out_dir).resolve()
@@ -165,7 +166,7 @@ def correlate_and_write(client, files, out_dir, progress=None, workers=None, clo
         held = held if isinstance(held, Held) else Held(held)
         return _report(Rounds(client, progress, held, scratch, tasks), files, out_dir, scratch, workers, clock_refine, perfetto,
                        max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
-                       stage_s if stage_s is not None else {}, held, part_bytes_of(part_bytes))
+                       stage_s if stage_s is not None else {}, held, part_bytes_of(part_bytes), figures)
     except (KilledWorker, FutureCancelledError) as e:
         raise SigmatraceError(f"the Dask cluster lost the report: {type(e).__name__}: {e}") from None
     finally:
@@ -188,7 +189,7 @@ def part_bytes_of(given=None):
 
 
 def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batch_records, refine_windows, bins,
-            stage_s, held, part_bytes):
+            stage_s, held, part_bytes, figures):
     T0 = _Timer(stage_s)
     files = [str(f) for f in files]
     absf = [str(Path(f).resolve()) for f in files]
@@ -343,7 +344,7 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
         held(f"{name}_join_batch", PQ.join_parts([parts[k].dir / f"{name}.parquet" for k in active],
                                                  tdir / f"{name}.parquet"))
     T0("small_tables")
-    out.summed = _summed(R, out_dir, active, files_of)
+    out.summed = _summed(R, out_dir, active, files_of, figures)
     T0("summary_reduce_tasks")
     win = None
     if perfetto:
@@ -354,23 +355,30 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
     return out, win
 
 
-def _summed(R, out_dir, active, files_of):
+def _summed(R, out_dir, active, files_of, figures):
     """The summary's and figures' sums over the ops table (``analysis.summable``: totals, opcodes, matrices, GPU
-    volumes) as a Dask reduction: one task per part over its ops files, one for the aggregate-mode counters,
-    merged in a tree of FAN_IN; only the root (one row per key: node / rank / GPU pair, GPU, opcode) comes
-    here, not the ops rows."""
-    from ..analysis.summable import merge
+    volumes, the time span; with ``figures`` then the bandwidth bins) as Dask reductions: one task per part over
+    its ops files (and one for the aggregate-mode counters), merged in a tree of FAN_IN; only the root (one row
+    per key: node / rank / GPU pair, GPU, opcode, bin) comes here, not the ops rows."""
+    from ..analysis import bandwidth_bin_ns
+    from ..analysis.summable import BINNED, SUMMARY, merge, span_ns
     files = [[p for p, _, _ in files_of[k].get("ops", ())] for k in active]
     files = [f for f in files if f]
     first = files[0][:1]                     # there is always one ops file (``_part_files``)
-    levels = [R.submit("summary", shard.summary_part, [(str(out_dir), f, False) for f in files] +
-                       [(str(out_dir), first, True)])]
-    while len(levels[-1]) > 1:
-        below = levels[-1]
-        levels.append([R.client.submit(merge, *below[i:i + FAN_IN],
-                                       key=f"sigmatrace-summed-{R.token}-{len(levels)}-{i}", pure=False)
-                       for i in range(0, len(below), FAN_IN)])
-    return R.wait("summary", levels[-1])[0]
+
+    def reduce(stage, names, params, counters):
+        levels = [R.submit(stage, shard.summary_part, [(str(out_dir), f, False, names, params) for f in files] +
+                           ([(str(out_dir), first, True, names, params)] if counters else []))]
+        while len(levels[-1]) > 1:           # every level held until the root is in (a lost one is recomputed)
+            below = levels[-1]
+            levels.append([R.client.submit(merge, *below[i:i + FAN_IN],
+                                           key=f"sigmatrace-summed-{stage}-{R.token}-{len(levels)}-{i}", pure=False)
+                           for i in range(0, len(below), FAN_IN)])
+        return R.wait(stage, levels[-1])[0]
+    got = reduce("summary", SUMMARY, None, True)
+    if figures:
+        got.update(reduce("bandwidth", tuple(BINNED), dict(bin_ns=bandwidth_bin_ns(span_ns(got))), False))
+    return got
 
 
 def _barriers(R, out, parts, active, counts, held):

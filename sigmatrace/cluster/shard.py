@@ -488,10 +488,11 @@ def window_rows(part: Part, ctx, g, cut, truncated, host_cut, top_qps):
 
 
 # ---- the summary's sums ---------------------------------------------------------------------------------
-def summary_part(report_dir, ops_files, aggregates):
-    """``analysis.summable``'s sums over some part files of the written ops table (a part's); ``aggregates``:
-    this task (exactly one, with no ops rows) counts the aggregate-mode counters, which the matrices fold in."""
-    from ..analysis.summable import partial
+def summary_part(report_dir, ops_files, aggregates, names=None, params=None):
+    """``analysis.summable``'s sums (``names``, default its SUMMARY) over some part files of the written ops
+    table (a part's); ``aggregates``: this task (exactly one, with no ops rows) counts the aggregate-mode
+    counters, which the matrices fold in.  ``params``: the queries' parameters (the bandwidth bins)."""
+    from ..analysis.summable import SUMMARY, partial
     from ..query import connect
     con = connect(report_dir)
     try:
@@ -501,6 +502,6 @@ def summary_part(report_dir, ops_files, aggregates):
         empty = "ops" if aggregates else "aggregates"
         con.execute(f"CREATE TEMP TABLE _empty AS SELECT * FROM {empty} LIMIT 0")
         con.execute(f"CREATE OR REPLACE VIEW {empty} AS SELECT * FROM _empty")
-        return partial(con)
+        return partial(con, SUMMARY if names is None else names, **(params or {}))
     finally:
         con.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import analysis as A
 from ..analysis.summable import rows as summed_rows
+from ..analysis.summable import span_ns
 from ..correlate import correlate
 from ..errors import SigmatraceError
 from ..export import write_perfetto
@@ -98,7 +99,7 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet,
     window = None
     t = time.perf_counter()
     if cluster is not None:
-        corr, window = _on_cluster(cluster, files, out, prog, quiet, timings, workers=workers,
+        corr, window = _on_cluster(cluster, files, out, prog, quiet, timings, workers=workers, figures=figures,
                                    clock_refine=clock_refine, perfetto=perfetto,
                                    max_perfetto_events=max_perfetto_events, batch_records=batch_records)
     else:
@@ -213,10 +214,12 @@ def _figures(con, fig_dir, t0_ns=None, progress=QUIET, summed=None):
                                  title=f"{dict(node='Node', rank='Rank', gpu='GPU')[level]}-level traffic "
                                        f"(bytes initiator → target)")
         progress("figures", 1)
-    span = con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0] or 0
-    bin_ns = max(1000, int(span // 200) + 1)
+    span = (con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0] or 0) if summed is None else span_ns(summed)
+    bin_ns = A.bandwidth_bin_ns(span)
     for level, key, what in (("gpu", "gpu", "GPU"), ("node", "node", "node")):
-        rows = A.bandwidth(con, level, bin_ns)
+        binned = f"bandwidth_{level}_bins"
+        rows = A.bandwidth(con, level, bin_ns, binned=summed_rows(summed, binned) if summed and binned in summed
+                           else None)
         if rows:
             written += A.bandwidth_figure(rows, key, "label", str(fig_dir / f"bandwidth_{level}"),
                                           f"Egress bandwidth per {what}", bin_ns=bin_ns, t0_ns=t0_ns, what=what)
