@@ -278,7 +278,8 @@ def test_memory_vs_size(benchmark, tmp_path):
     for r in runs:
         t = r["timings"].get("cluster_tasks", {})
         print(f"{r['events']:>12,} {r['file_mib']:>9.0f} {r['processes']:>6} {r['events'] // r['processes']:>9,} "
-              f"{t.get('decode', 0):>13} {r['wall_s']:>8.1f} {r['worker_peak_mib']:>16.0f} {r['driver_peak_mib']:>16.0f}")
+              f"{t.get('decode', 0):>13} {r['wall_s']:>8.1f} {r['worker_peak_mib']:>16.0f} "
+              f"{r['driver_peak_mib']:>16.0f}")
     _stages(runs)
     benchmark.extra_info.update(runs=runs)
 

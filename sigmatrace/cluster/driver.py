@@ -44,7 +44,7 @@ from ..tables import parquet as PQ
 from ..tables.host_events import HostCollector
 from . import shard, store
 
-FAN_IN = 16                  # parts merged per task in the reduction of the Perfetto candidates
+FAN_IN = 16                  # results merged per task in the reductions (Perfetto candidates, summary sums)
 # the most bytes of a capture file one decode task reads: its decoded columns (a fraction of that) and one
 # batch are what the task holds, whatever the size of the file or of the process (docs/cluster.md)
 PART_BYTES = 256 << 20
@@ -164,8 +164,8 @@ def correlate_and_write(client, files, out_dir, progress=None, workers=None, clo
     from distributed.client import FutureCancelledError
     try:
         held = held if isinstance(held, Held) else Held(held)
-        return _report(Rounds(client, progress, held, scratch, tasks), files, out_dir, scratch, workers, clock_refine, perfetto,
-                       max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
+        return _report(Rounds(client, progress, held, scratch, tasks), files, out_dir, scratch, workers, clock_refine,
+                       perfetto, max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
                        stage_s if stage_s is not None else {}, held, part_bytes_of(part_bytes), figures)
     except (KilledWorker, FutureCancelledError) as e:
         raise SigmatraceError(f"the Dask cluster lost the report: {type(e).__name__}: {e}") from None

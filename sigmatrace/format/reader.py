@@ -305,10 +305,10 @@ def iter_chunks(path, errors="raise", losses=None, data=None, start=0, stop=None
 
 
 class HeaderFile:
-    """A capture file whose chunk headers are read on demand (``os.pread`` of a few hundred bytes where a header is), not
-    the file: ``chunk_spans``, ``bounded_spans``, ``repeated_from`` and ``process_spans`` walk a file of any size
-    through it holding one small window (the cluster report's plan runs in a worker with bounded memory; a memory map
-    would leave every page it touched resident).  ``read_bytes``: what was read (tests)."""
+    """A capture file whose chunk headers are read on demand (``os.pread`` of PAGE bytes where a header is), not
+    the file: ``chunk_spans``, ``bounded_spans``, ``repeated_from`` and ``process_spans`` walk a file of any
+    size through it holding one small window (the cluster report's plan runs in a worker with bounded memory;
+    a memory map would leave every page it touched resident).  ``read_bytes``: what was read (tests)."""
 
     PAGE = 512         # bytes read at a header: the headers of small chunks that follow it come along
 
