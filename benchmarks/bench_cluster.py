@@ -15,7 +15,10 @@ reads each worker's peak RSS (ru_maxrss) before closing it.
      run each): a least-squares fit t = a + b P + c E per global stage, worker-seconds of the task rounds
      per event, worker peak RSS against events per part, driver peak RSS against P and E; then the
      projection for 2,000 M events and 1,024 processes on 16 and 64 workers, printed from the fit.
-  3. SIGMATRACE_BENCH_HUGE=1: one run on BENCH_CLUSTER_HUGE_EVENTS (default 300 M) with the modes of
+  3. memory against capture size (BENCH_CLUSTER_MEM_SIZES, default 5e6,20e6,50e6 events; 128 processes in
+     one capture.bin; --cluster local:2, one run each, SIGMATRACE_CLUSTER_PART_BYTES as set): peak RSS per
+     worker and of the driver, decode tasks, the largest part; -k memory_vs_size.
+  4. SIGMATRACE_BENCH_HUGE=1: one run on BENCH_CLUSTER_HUGE_EVENTS (default 300 M) with the modes of
      BENCH_HUGE_MODES (default cluster:2), at the end.
 
     python -m pytest benchmarks/bench_cluster.py -s -p no:cacheprovider
@@ -38,6 +41,7 @@ EVENTS = int(float(os.environ.get("BENCH_CLUSTER_EVENTS", 2e6)))
 REPEAT = max(1, int(os.environ.get("BENCH_REPEAT", 3)))
 SCALE = [int(float(x)) for x in os.environ.get("BENCH_CLUSTER_SCALE", "2e6,4e6,8e6,16e6").split(",") if x]
 HUGE = int(float(os.environ.get("BENCH_CLUSTER_HUGE_EVENTS", 300e6)))
+MEM_SIZES = [int(float(x)) for x in os.environ.get("BENCH_CLUSTER_MEM_SIZES", "5e6,20e6,50e6").split(",") if x]
 # process files -> (nodes, GPUs per node) of the workload, and its events per iteration (measured)
 TOPOLOGY = {64: (16, 4), 128: (32, 4), 256: (64, 4)}
 EVENTS_PER_ITER = {64: 113_000, 128: 455_000, 256: 1_830_000}
@@ -45,7 +49,7 @@ PAPER = dict(events=2_000_000_000, processes=1024, workers=(16, 64))
 # stages of the cluster report (driver.stage_s): the task rounds (next to the data, in parallel) and the
 # global stages (the driver, or a reduction); the driver's Perfetto, summary and figures are global too
 TASKS = ("plan_tasks", "decode_tasks", "local_tasks", "match_tasks", "pair_tasks", "refine_window_tasks",
-         "write_tasks")
+         "write_tasks", "summary_reduce_tasks")
 GLOBAL = ("identity_topology", "offsets_units", "refine", "final_tables", "small_tables", "perfetto_window",
           "perfetto_s", "summary_s", "figures_s")
 
@@ -246,6 +250,38 @@ def test_scaling_and_projection(benchmark, tmp_path):
           "filesystem as fast per worker as this disk; the fit is from this 2-core machine)")
     benchmark.extra_info.update(runs=runs, global_fits=fits, tasks_fit=ws.tolist(), worker_mem_fit=wm.tolist(),
                                 driver_mem_fit=dm.tolist(), projection=proj)
+
+
+def test_memory_vs_size(benchmark, tmp_path):
+    """Peak RSS per worker and of the driver against the capture's size (one run per size, --cluster local:2):
+    the decode tasks read at most SIGMATRACE_CLUSTER_PART_BYTES each; the later per-part tasks hold one part
+    (here one process: events / 128)."""
+    runs = []
+
+    def go():
+        for E in MEM_SIZES:
+            cap = tmp_path / f"cap-{E}.bin"
+            n, gen_s = make_capture(cap, E)
+            size = cap.stat().st_size
+            r = run_report(cap, "cluster:2", tmp_path / f"out-{E}")
+            cap.unlink(missing_ok=True)
+            r.update(file_mib=size / 2**20, gen_s=gen_s, mode=f"{n / 1e6:.0f}M ev")
+            runs.append(r)
+
+    benchmark.pedantic(go, rounds=1, iterations=1)
+    bad = [r for r in runs if "error" in r]
+    assert not bad, bad[0]["error"]
+    print(f"\nmemory against capture size, --cluster local:2, one run each (part bytes: "
+          f"{os.environ.get('SIGMATRACE_CLUSTER_PART_BYTES', 'default')}):")
+    print(f"{'events':>12} {'file MiB':>9} {'procs':>6} {'ev/part':>9} {'decode tasks':>13} {'wall s':>8} "
+          f"{'worker peak MiB':>16} {'driver peak MiB':>16}")
+    for r in runs:
+        t = r["timings"].get("cluster_tasks", {})
+        print(f"{r['events']:>12,} {r['file_mib']:>9.0f} {r['processes']:>6} {r['events'] // r['processes']:>9,} "
+              f"{t.get('decode', 0):>13} {r['wall_s']:>8.1f} {r['worker_peak_mib']:>16.0f} "
+              f"{r['driver_peak_mib']:>16.0f}")
+    _stages(runs)
+    benchmark.extra_info.update(runs=runs)
 
 
 @pytest.mark.skipif(os.environ.get("SIGMATRACE_BENCH_HUGE") != "1", reason="set SIGMATRACE_BENCH_HUGE=1")

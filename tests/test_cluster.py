@@ -61,6 +61,99 @@ def test_tiny_batches_and_window_edges(synthetic, tmp_path, client):
         _same_report(*_both(synthetic, tmp_path / str(i), client, **kw))
 
 
+def _one_file(synthetic, path):
+    """The synthetic capture's process files concatenated into one file (several processes in one file)."""
+    with open(path, "wb") as f:
+        for p in sorted(synthetic.glob("*.trace")):
+            f.write(p.read_bytes())
+    return path
+
+
+def test_one_file_in_bounded_ranges_equals_local(tmp_path, client, monkeypatch):
+    """One file holding every process (EVENTS chunks of 64 records), decoded in byte ranges of at most 4 KiB
+    (SIGMATRACE_CLUSTER_PART_BYTES): every process is split across several decode tasks and joined again; the
+    report is the local report's."""
+    d, _ = write_synthetic(tmp_path / "syn", nodes=3, procs_per_node=2, seed=11, chunk_records=64)
+    cap = _one_file(Path(d), tmp_path / "one.bin")
+    monkeypatch.setenv("SIGMATRACE_CLUSTER_PART_BYTES", "4096")
+    local, cluster = _both(cap, tmp_path, client, max_perfetto_events=500_000)
+    _same_report(local, cluster)
+    import json
+    tasks = json.loads((cluster / "summary.json").read_text())["timings_s"]["cluster_tasks"]
+    assert tasks["decode"] > 3 * len(list(Path(d).glob("*.trace"))), tasks   # processes split, not read whole
+    # the summary's sums come from the Dask reduction over the ops parts: the driver does not query them
+    import sigmatrace.report.summary as S
+
+    def no_query(con, name):
+        raise AssertionError(f"the driver queried {name} over the whole ops table")
+    monkeypatch.setattr(S, "summable", no_query)
+    build_report(cap, tmp_path / "reduced", cluster=client, workers=2, quiet=True, max_perfetto_events=500_000)
+    _same_report(local, tmp_path / "reduced")
+
+
+def test_fixture_in_bounded_ranges_equals_local(tmp_path, client, monkeypatch):
+    """A committed multi-process capture (16 processes of 16 EVENTS chunks in one file) in 8 KiB ranges."""
+    monkeypatch.setenv("SIGMATRACE_CLUSTER_PART_BYTES", str(8 << 10))
+    local, cluster = _both(FIX / "moe.bin", tmp_path, client)
+    _same_report(local, cluster)
+    import json
+    tasks = json.loads((cluster / "summary.json").read_text())["timings_s"]["cluster_tasks"]
+    assert tasks["decode"] >= 3 * 16, tasks
+
+
+def test_figure_sums_equal_the_queries(synthetic, tmp_path, client):
+    """The figures' data from the cluster report's reductions (matrices, time span, bandwidth bins per GPU and
+    node) equal the named queries over the whole written ops table."""
+    import sigmatrace.analysis as A
+    from sigmatrace.analysis.summable import rows, span_ns
+    from sigmatrace.query import connect
+    corr, _, tm = build_report(synthetic, tmp_path / "c", cluster=client, workers=2, quiet=True,
+                               max_perfetto_events=WINDOW)
+    assert tm["cluster_tasks"]["bandwidth"] >= 2, tm["cluster_tasks"]
+    con = connect(tmp_path / "c")
+    span = con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0]
+    assert span > 0 and span_ns(corr.summed) == span
+    bin_ns = A.bandwidth_bin_ns(span)
+    for level in ("gpu", "node"):
+        want = A.bandwidth(con, level, bin_ns)
+        assert len(want) > 10, want
+        assert A.bandwidth(con, level, bin_ns, binned=rows(corr.summed, f"bandwidth_{level}_bins")) == want
+        assert A.bandwidth(con, level, bin_ns) == want          # the connection's ops is the table again
+    for level in ("node", "rank", "gpu"):
+        _, m, c = A.comm_matrix(con, level)
+        _, m2, c2 = A.comm_matrix(con, level, rows=rows(corr.summed, f"matrix_{level}"))
+        assert m.sum() > 0 and (m == m2).all() and (c == c2).all(), level
+
+
+def test_planned_decode_tasks_grow_with_the_file(tmp_path):
+    """For a fixed part size the planned byte ranges (one decode task each) grow with the file -- one huge
+    process too -- each at most the part size (or one chunk), covering the file; the plan reads the chunk
+    headers only, a small fraction of the file."""
+    from sigmatrace.cluster.shard import plan_file
+    from sigmatrace.format.reader import HeaderFile, bounded_spans
+    part, counts = 1 << 12, []
+    for scale in (1, 4):
+        d, _ = write_synthetic(tmp_path / f"cap{scale}", nodes=1, procs_per_node=2, seed=5,
+                               doorbells_per_qp=200 * scale, levels=4 * scale, pingpongs=200 * scale,
+                               chunk_records=64)
+        f = sorted(Path(d).glob("*.trace"))[0]
+        size = f.stat().st_size
+        warnings, parts = plan_file(str(f), str(f), part)
+        assert not warnings and len(parts) == 1, parts           # one process
+        start, stop, ranges = parts[0]
+        assert ranges[0][0] == 0 and all(b == c for (_, b), (c, _) in zip(ranges, ranges[1:]))
+        assert ranges[-1][1] is None
+        with HeaderFile(f) as hf:
+            assert bounded_spans(hf, 0, None, part) == ranges
+            assert hf.read_bytes < size / 4, (hf.read_bytes, size)
+            for a, b in ranges:          # at most the part size, or one chunk larger than that
+                b = size if b is None else b
+                assert b - a <= part or a + 32 + hf.header(a)[5] == b, (a, b, part)
+        counts.append((size, len(ranges)))
+    (s1, n1), (s4, n4) = counts
+    assert s4 > 3 * s1 and n1 >= 2 and n4 > 2 * n1, counts
+
+
 class _KillOnce(distributed.WorkerPlugin):
     """Ends its worker process (no cleanup, like a node failure) when a task of ``prefix`` starts, once."""
 
@@ -74,7 +167,8 @@ class _KillOnce(distributed.WorkerPlugin):
 
 
 @pytest.mark.parametrize("stage", ["sigmatrace-correlate", "sigmatrace-pairs", "sigmatrace-tables",
-                                   "sigmatrace-earliest", "sigmatrace-perfetto"])
+                                   "sigmatrace-earliest", "sigmatrace-perfetto", "sigmatrace-summary",
+                                   "sigmatrace-summed"])
 def test_worker_killed_mid_report(stage, synthetic, tmp_path, client):
     ref = tmp_path / "ref"
     build_report(synthetic, ref, workers=1, figures=False, quiet=True, max_perfetto_events=WINDOW, cluster=client)
@@ -215,3 +309,13 @@ def test_driver_holds_no_per_event_data(tmp_path, client, monkeypatch):
     (_, g1), (_, g4) = (_driver_held(tmp_path, client, s, force_gather=True) for s in (1, 4))
     assert g4.rows["barrier_candidates"] >= 3.5 * g1.rows["barrier_candidates"] > 0, (g1.rows, g4.rows)
     assert g4.per_record() > g1.per_record()      # what the first assertion would have caught
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "lots"])
+def test_bad_part_size_is_one_line(bad, monkeypatch):
+    from sigmatrace.cluster.driver import part_bytes_of
+    from sigmatrace.errors import SigmatraceError
+    monkeypatch.setenv("SIGMATRACE_CLUSTER_PART_BYTES", bad)
+    with pytest.raises(SigmatraceError, match="positive number of bytes"):
+        part_bytes_of()
+    assert part_bytes_of(1 << 20) == 1 << 20

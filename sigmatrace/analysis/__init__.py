@@ -28,29 +28,32 @@ def _rows(con, name, **kw):
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
-def comm_matrix(source, level="node"):
-    """(labels, matrix of bytes [src, dst], matrix of ops) at node / rank / gpu level."""
+def comm_matrix(source, level="node", rows=None):
+    """(labels, matrix of bytes [src, dst], matrix of ops) at node / rank / gpu level.  ``rows``: the rows of
+    the named query matrix_<level> when they were computed elsewhere (the cluster report adds up its parts':
+    ``summable``)."""
     con = _con(source)
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}")
+    got = rows if rows is not None else _rows(con, f"matrix_{level}")
     if level == "node":
         labels = [r[0] for r in con.execute("SELECT label FROM nodes ORDER BY node").fetchall()]
         ids = list(range(len(labels)))
-        rows = [(r["src_node"], r["dst_node"], r["bytes"], r["ops"]) for r in _rows(con, "matrix_node")]
+        rows = [(r["src_node"], r["dst_node"], r["bytes"], r["ops"]) for r in got]
     elif level == "rank":
         ids = [r[0] for r in con.execute("SELECT DISTINCT rank FROM processes WHERE rank >= 0 ORDER BY rank").fetchall()]
         labels = [f"rank{r}" for r in ids]
-        rows = [(r["src_rank"], r["dst_rank"], r["bytes"], r["ops"]) for r in _rows(con, "matrix_rank")]
+        rows = [(r["src_rank"], r["dst_rank"], r["bytes"], r["ops"]) for r in got]
     elif level == "gpu":
-        got = con.execute("SELECT gpu, label FROM gpus ORDER BY gpu").fetchall()
-        ids = [g for g, _ in got]
-        labels = [l for _, l in got]
-        rows = [(r["src_gpu"], r["dst_gpu"], r["bytes"], r["ops"]) for r in _rows(con, "matrix_gpu")]
-    elif level == "qp":
-        got = con.execute("SELECT qp_id, qpn, rank FROM qps ORDER BY qp_id").fetchall()
-        ids = [q for q, _, _ in got]
-        labels = [f"r{r}:{qpn:#x}" for _, qpn, r in got]
-        rows = [(r["qp_id"], r["dst_qp_id"], r["bytes"], r["ops"]) for r in _rows(con, "matrix_qp")]
+        gl = con.execute("SELECT gpu, label FROM gpus ORDER BY gpu").fetchall()
+        ids = [g for g, _ in gl]
+        labels = [l for _, l in gl]
+        rows = [(r["src_gpu"], r["dst_gpu"], r["bytes"], r["ops"]) for r in got]
     else:
-        raise ValueError(f"level must be one of {LEVELS}")
+        ql = con.execute("SELECT qp_id, qpn, rank FROM qps ORDER BY qp_id").fetchall()
+        ids = [q for q, _, _ in ql]
+        labels = [f"r{r}:{qpn:#x}" for _, qpn, r in ql]
+        rows = [(r["qp_id"], r["dst_qp_id"], r["bytes"], r["ops"]) for r in got]
     pos = {v: i for i, v in enumerate(ids)}
     m = np.zeros((len(ids), len(ids)), np.int64)
     c = np.zeros((len(ids), len(ids)), np.int64)
@@ -73,9 +76,33 @@ def barrier_report(source):
     return _rows(con, "barriers"), _rows(con, "barrier_arrivals")
 
 
-def bandwidth(source, level="gpu", bin_ns=1_000_000):
+def bandwidth_bin_ns(span_ns):
+    """The bandwidth figures' bin: 200 bins over the operations' time span, at least 1 µs."""
+    return max(1000, int(span_ns // 200) + 1)
+
+
+def bandwidth(source, level="gpu", bin_ns=1_000_000, binned=None):
+    """Rows of the named query bandwidth_<level>.  ``binned``: the operations' bytes already summed per
+    (GPU / node, bin of ``bin_ns``) elsewhere (``summable.BINNED``; the cluster report adds up its parts'):
+    the query then reads those rows as its ops table (one row per bin, at the bin's start: the same bins,
+    the same sums)."""
     con = _con(source)
-    return _rows(con, f"bandwidth_{level}", bin_ns=int(bin_ns))
+    if binned is None:
+        return _rows(con, f"bandwidth_{level}", bin_ns=int(bin_ns))
+    import pyarrow as pa
+    t = pa.table({level: np.array([r[level] for r in binned], np.int64),
+                  "ns": np.array([r["ns"] for r in binned], np.int64),
+                  "bytes": np.array([r["bytes"] for r in binned], np.int64)})
+    con.register("_sigmatrace_binned_t", t)
+    con.execute("CREATE SCHEMA IF NOT EXISTS _sigmatrace_binned")
+    con.execute("CREATE OR REPLACE VIEW _sigmatrace_binned.ops AS SELECT * FROM _sigmatrace_binned_t")
+    con.execute("SET search_path = '_sigmatrace_binned,main'")     # ``ops`` is the binned rows, the rest main's
+    try:
+        return _rows(con, f"bandwidth_{level}", bin_ns=int(bin_ns))
+    finally:
+        con.execute("RESET search_path")
+        con.execute("DROP VIEW _sigmatrace_binned.ops")
+        con.unregister("_sigmatrace_binned_t")
 
 
 def named_sql(name):

@@ -10,7 +10,9 @@ table, warning and statistic is the local report's.
   pairs             per part, per QP pair across parts -> causal pairs' clock statistics
   refine            (driver; its second pass runs ``window_stats`` per part)
   write             per part                           -> table parts, barrier candidates, counters, earliest
-  barriers, losses, aggregates, small tables, the joined doorbells / wqes, the Perfetto window    (driver)
+  barriers, losses, aggregates, small tables, the joined doorbells / wqes                        (driver)
+  summary_part      per part (its ops files), merged in a tree -> the summary's sums (analysis.summable)
+  the Perfetto window                                                                             (driver)
   window_rows       per part                           -> the rows the trace draws
 
 Data moves between tasks through the scratch directory (shared filesystem, ``store``) or as small results;
@@ -19,6 +21,7 @@ nothing per event reaches this process.  ``stage_s`` gets the time of every glob
 from __future__ import annotations
 
 import operator
+import os
 import shutil
 import tempfile
 import time
@@ -41,7 +44,10 @@ from ..tables import parquet as PQ
 from ..tables.host_events import HostCollector
 from . import shard, store
 
-FAN_IN = 16                  # parts merged per task in the reduction of the Perfetto candidates
+FAN_IN = 16                  # results merged per task in the reductions (Perfetto candidates, summary sums)
+# the most bytes of a capture file one decode task reads: its decoded columns (a fraction of that) and one
+# batch are what the task holds, whatever the size of the file or of the process (docs/cluster.md)
+PART_BYTES = 256 << 20
 
 
 class Rounds:
@@ -52,13 +58,16 @@ class Rounds:
     again, and the caller holds it until the last stage that reads it has finished: when a worker dies, the
     scheduler recomputes what it held instead of cancelling the tasks that need it."""
 
-    def __init__(self, client, progress, held=None, scratch=None):
+    def __init__(self, client, progress, held=None, scratch=None, tasks=None):
         self.client, self.progress = client, progress or (lambda stage, n=0: None)
+        self.tasks = tasks if tasks is not None else {}     # tasks submitted per stage
         self.token = uuid.uuid4().hex[:8]
         self.held = held if held is not None else Held()
         self.scratch = Path(scratch) if scratch is not None else None
 
     def submit(self, stage, fn, argsets):
+        argsets = list(argsets)
+        self.tasks[stage] = self.tasks.get(stage, 0) + len(argsets)
         return [self.client.submit(fn, *a, key=f"sigmatrace-{stage}-{self.token}-{i}", pure=False)
                 for i, a in enumerate(argsets)]
 
@@ -140,11 +149,14 @@ class _Timer:
 
 def correlate_and_write(client, files, out_dir, progress=None, workers=None, clock_refine="auto", perfetto=True,
                         max_perfetto_events=500_000, batch_records=None, refine_windows=16, bins=400,
-                        stage_s=None, held=None):
+                        stage_s=None, held=None, part_bytes=None, tasks=None, figures=True):
     """Correlate the capture ``files`` on the Dask cluster of ``client`` and write every table under
     ``out_dir/tables``; returns (``Correlated`` with the small tables, the Perfetto ``Window`` or None).
     ``stage_s``: gets the seconds of every stage; ``held``: a ``Held`` (or a dict it fills), what this
-    process materialized of the capture's records (tests and benchmarks: it must not grow with the capture)."""
+    process materialized of the capture's records (tests and benchmarks: it must not grow with the capture).
+    ``tasks``: a dict that gets the number of tasks of every round; ``figures``: the figures' sums too.
+    ``part_bytes``: the most bytes of a capture file one ``decode`` task reads (default PART_BYTES, or
+    SIGMATRACE_CLUSTER_PART_BYTES): a file, or a process, larger than that is decoded in several tasks."""
     from ..decode import DEFAULT_BATCH_RECORDS
     out_dir = Path(out_dir).resolve()
     scratch = Path(tempfile.mkdtemp(prefix=".sigmatrace-cluster-", dir=out_dir.parent))
@@ -152,34 +164,58 @@ def correlate_and_write(client, files, out_dir, progress=None, workers=None, clo
     from distributed.client import FutureCancelledError
     try:
         held = held if isinstance(held, Held) else Held(held)
-        return _report(Rounds(client, progress, held, scratch), files, out_dir, scratch, workers, clock_refine, perfetto,
-                       max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
-                       stage_s if stage_s is not None else {}, held)
+        return _report(Rounds(client, progress, held, scratch, tasks), files, out_dir, scratch, workers, clock_refine,
+                       perfetto, max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
+                       stage_s if stage_s is not None else {}, held, part_bytes_of(part_bytes), figures)
     except (KilledWorker, FutureCancelledError) as e:
         raise SigmatraceError(f"the Dask cluster lost the report: {type(e).__name__}: {e}") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def part_bytes_of(given=None):
+    """The byte-range bound of a ``decode`` task: ``given``, else SIGMATRACE_CLUSTER_PART_BYTES, else
+    PART_BYTES; a one-line error when it is not a positive number of bytes."""
+    v = given if given is not None else os.environ.get("SIGMATRACE_CLUSTER_PART_BYTES")
+    if v is None:
+        return PART_BYTES
+    try:
+        n = int(float(v))
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise SigmatraceError(f"the cluster part size must be a positive number of bytes, not {v!r}")
+    return n
+
+
 def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batch_records, refine_windows, bins,
-            stage_s, held):
+            stage_s, held, part_bytes, figures):
     T0 = _Timer(stage_s)
     files = [str(f) for f in files]
     absf = [str(Path(f).resolve()) for f in files]
-    planned = R.map("plan", shard.plan_file, list(zip(files, absf)))
+    planned = R.map("plan", shard.plan_file, [(f, a, part_bytes) for f, a in zip(files, absf)])
     T0("plan_tasks")
     parts, part_file = [], []
     for fi, (_, spans) in enumerate(planned):
-        for a, b in spans:
-            parts.append(shard.Part(len(parts), files[fi], absf[fi], a, b, str(scratch)))
+        for a, b, ranges in spans:
+            parts.append(shard.Part(len(parts), files[fi], absf[fi], a, b, str(scratch), tuple(ranges)))
             part_file.append(fi)
-    left = {fi: part_file.count(fi) for fi in set(part_file)}
+    jobs = [(k, j) for k, p in enumerate(parts) for j in range(len(p.ranges))]
+    left = {}
+    for k, _ in jobs:
+        left[part_file[k]] = left.get(part_file[k], 0) + 1
 
-    def tick(k):
-        left[part_file[k]] -= 1
-        if not left[part_file[k]]:
+    def tick(i):
+        fi = part_file[jobs[i][0]]
+        left[fi] -= 1
+        if not left[fi]:
             R.progress("decode", 1)
-    metas = R.map("decode", shard.decode, [(p, batch_records) for p in parts], tick=tick)
+    got = R.map("decode", shard.decode, [(parts[k], j, batch_records) for k, j in jobs], tick=tick)
+    by_part = {}
+    for (k, _), r in zip(jobs, got):
+        by_part.setdefault(k, []).append(r)
+    metas = [shard.merge_decoded(parts[k].path, by_part[k]) for k in range(len(parts))]
+    del got, by_part
     T0("decode_tasks")
     out = Correlated()
     out.batch_records, out.workers, out.files = int(batch_records), max(1, int(workers or 1)), files
@@ -308,6 +344,8 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
         held(f"{name}_join_batch", PQ.join_parts([parts[k].dir / f"{name}.parquet" for k in active],
                                                  tdir / f"{name}.parquet"))
     T0("small_tables")
+    out.summed = _summed(R, out_dir, active, files_of, figures)
+    T0("summary_reduce_tasks")
     win = None
     if perfetto:
         win = _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held)
@@ -315,6 +353,32 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
     else:
         R.client.cancel(topk_f)
     return out, win
+
+
+def _summed(R, out_dir, active, files_of, figures):
+    """The summary's and figures' sums over the ops table (``analysis.summable``: totals, opcodes, matrices, GPU
+    volumes, the time span; with ``figures`` then the bandwidth bins) as Dask reductions: one task per part over
+    its ops files (and one for the aggregate-mode counters), merged in a tree of FAN_IN; only the root (one row
+    per key: node / rank / GPU pair, GPU, opcode, bin) comes here, not the ops rows."""
+    from ..analysis import bandwidth_bin_ns
+    from ..analysis.summable import BINNED, SUMMARY, merge, span_ns
+    files = [[p for p, _, _ in files_of[k].get("ops", ())] for k in active]
+    files = [f for f in files if f]
+    first = files[0][:1]                     # there is always one ops file (``_part_files``)
+
+    def reduce(stage, names, params, counters):
+        levels = [R.submit(stage, shard.summary_part, [(str(out_dir), f, False, names, params) for f in files] +
+                           ([(str(out_dir), first, True, names, params)] if counters else []))]
+        while len(levels[-1]) > 1:           # every level held until the root is in (a lost one is recomputed)
+            below = levels[-1]
+            levels.append([R.client.submit(merge, *below[i:i + FAN_IN],
+                                           key=f"sigmatrace-summed-{stage}-{R.token}-{len(levels)}-{i}", pure=False)
+                           for i in range(0, len(below), FAN_IN)])
+        return R.wait(stage, levels[-1])[0]
+    got = reduce("summary", SUMMARY, None, True)
+    if figures:
+        got.update(reduce("bandwidth", tuple(BINNED), dict(bin_ns=bandwidth_bin_ns(span_ns(got))), False))
+    return got
 
 
 def _barriers(R, out, parts, active, counts, held):

@@ -4,9 +4,10 @@ A *part* is one process file, or one process of a file that holds several (per-p
 ``format.reader.process_spans``).  Its tasks, in report order (``driver`` runs them on Dask and the global
 stages between them):
 
-  ``plan_file``   a file's repeat check and its process ranges;
-  ``decode``      decode the part (``decode.decode_file``); the metadata and the small record types go back,
-                  the records the correlator joins stay in the part's scratch directory;
+  ``plan_file``   a file's repeat check, its process ranges and their bounded byte ranges;
+  ``decode``      decode one byte range of the part (``decode.decode_file``); the metadata and the small record
+                  types go back (``merge_decoded`` joins a part's ranges), the records the correlator joins stay
+                  in the part's scratch directory;
   ``local``       the per-process correlator stages with the global context (identities, time base, QP
                   topology): doorbells and WQEs, operations, post -> completion, the NCCL unit statistics, the
                   sends to each other part's QPs, written for ``match``;
@@ -18,7 +19,8 @@ stages between them):
                   events parts in their final place, doorbells and WQEs for the driver to join), its barrier
                   hit counts per (address, participant), Perfetto counters and candidates;
   ``barrier_arrivals``  the part's participants' arrivals at the barrier addresses the counts found;
-  ``window_rows`` the rows the trace draws.
+  ``window_rows`` the rows the trace draws;
+  ``summary_part`` the summary's sums (``analysis.summable``) over the part's ops files, merged in a tree.
 
 Every task reads and writes only its part's scratch directory (``store``) plus, for the exchange, the files of
 the parts it matches with; a task that runs again rewrites the same files.
@@ -34,7 +36,8 @@ from ..correlate import collectives, derived, doorbells, hostlib, ops
 from ..correlate.clock import TimeBase
 from ..correlate.refine import CausalPairs, alternation_pair, pair_stats, send_pairs
 from ..correlate.result import Correlated
-from ..decode import EventStore, decode_file, open_buffer
+from ..decode import EventStore, FileDecode, decode_file, merge_ranges
+from ..decode.columns import CHUNK_INDEX_DTYPE
 from ..export.window import SCAN_COLUMNS, SCAN_ROWS, ScanPart, earliest, in_window
 from ..format.reader import process_spans, repeated_from
 from ..mlx5.verbs import IBV_WC_RECV
@@ -58,6 +61,7 @@ class Part:
     start: int
     stop: int | None
     scratch: str
+    ranges: tuple = ()  # the byte ranges of [start, stop) decoded one task each (``plan_file``)
 
     @property
     def dir(self):
@@ -75,29 +79,39 @@ class ProcView:
 
 
 # ---- plan and decode ------------------------------------------------------------------------------------
-def plan_file(path, abspath):
-    """(warnings, byte ranges) of one capture file: the repeat check of the local decode (``correlate.pool``)
-    and one range per process when the file holds several in contiguous ranges."""
-    from ..format.reader import repeat_warning
+def plan_file(path, abspath, max_bytes):
+    """(warnings, parts) of one capture file: the repeat check of the local decode (``correlate.pool``), one
+    part per process when the file holds several in contiguous ranges (else one), and each part's byte ranges
+    of at most ``max_bytes`` on chunk boundaries (``format.reader.bounded_spans``), one ``decode`` task each.
+    Parts are (start, stop, ranges).  The chunk headers are read a page at a time (``HeaderFile``), never the
+    file: a worker plans a file of any size in bounded memory."""
+    from ..format.reader import HeaderFile, bounded_spans, repeat_warning
     try:
-        buf = open_buffer(abspath)
-        rep = repeated_from(path, buf)
-    except (OSError, ValueError):
-        return [], [(0, None)]
-    warnings, end = [], None
-    if rep is not None:
-        warnings.append(repeat_warning(path, rep))
-        end = rep[0] if rep[3] else None
-    spans = process_spans(path, data=buf, stop=end)
-    del buf
-    return warnings, (spans if spans and len(spans) > 1 else [(0, end)])
+        hf = HeaderFile(abspath)
+    except OSError:
+        return [], [(0, None, [(0, None)])]      # the decode reports it as the local decode does
+    with hf:
+        rep = repeated_from(path, hf)
+        warnings, end = [], None
+        if rep is not None:
+            warnings.append(repeat_warning(path, rep))
+            end = rep[0] if rep[3] else None
+        spans = process_spans(path, data=hf, stop=end)
+        if not spans or len(spans) <= 1:
+            spans = [(0, end)]
+        last = len(spans) - 1
+        # the file's last part ends where the local decode stops (None: at the end of the file)
+        return warnings, [(a, end if i == last else b, bounded_spans(hf, a, end if i == last else b, max_bytes))
+                          for i, (a, b) in enumerate(spans)]
 
 
-def decode(part: Part, batch_records):
-    """Decode one part; keep its processes in scratch; return (error, warnings, losses, per process: the
-    metadata with the small record types, its TSC bounds and the QPs its records name)."""
-    fd = decode_file(part.abspath, part.start, part.stop, batch_records, name=part.path)
-    store.save(part.dir / "decode.pkl", fd.processes)
+def decode(part: Part, j, batch_records):
+    """Decode byte range ``j`` of one part; keep its processes in scratch; return (error, warnings, losses, per
+    process: the metadata with the small record types, its TSC bounds and the QPs its records name) --
+    ``merge_decoded`` joins the ranges of a part."""
+    a, b = part.ranges[j]
+    fd = decode_file(part.abspath, a, b, batch_records, name=part.path)
+    store.save(part.dir / f"decode-{j:06d}.pkl", fd.processes)
     meta = []
     for p in fd.processes:
         tabs = p.tables or {}
@@ -107,6 +121,37 @@ def decode(part: Part, batch_records):
         meta.append((replace(p, tables={n: t for n, t in tabs.items() if n in SMALL_TYPES}, chunks=None, side_wqe={}),
                      bounds, keys))
     return fd.error, fd.warnings, fd.losses, meta
+
+
+def merge_decoded(path, results):
+    """The ``decode`` results of one part's ranges (file order) as one: a process split across ranges is
+    joined as the local decode joins byte ranges (``decode.merge_ranges``), its TSC bounds and QP names too."""
+    if len(results) == 1:
+        return results[0]
+    err = next((r[0] for r in results if r[0]), None)
+    warnings = [w for r in results for w in r[1]]
+    losses = [x for r in results for x in r[2]]
+    extra = {}
+    fds = []
+    for r in results:
+        procs = []
+        for p, b, k in r[3]:
+            e = extra.setdefault(p.uid, [None, {}])
+            if b is not None:
+                e[0] = b if e[0] is None else (min(e[0][0], b[0]), max(e[0][1], b[1]))
+            for n, q in k.items():
+                e[1][n] = np.unique(np.concatenate([e[1][n], q])) if n in e[1] else q
+            procs.append(replace(p, chunks=np.zeros(0, CHUNK_INDEX_DTYPE)))   # merge_ranges joins chunk indexes
+        fds.append(FileDecode(path, processes=procs))
+    meta = [(replace(p, chunks=None), *extra[p.uid]) for p in merge_ranges(fds).processes]
+    return err, warnings, losses, meta
+
+
+def decoded(part: Part):
+    """The part's processes, its ranges' decodes joined (``decode.merge_ranges``)."""
+    fds = [FileDecode(part.path, processes=store.load(part.dir / f"decode-{j:06d}.pkl"))
+           for j in range(len(part.ranges))]
+    return merge_ranges(fds).processes
 
 
 # ---- per-process correlation --------------------------------------------------------------------------
@@ -131,7 +176,9 @@ def _own(ctx, qlo, qhi):
 def local(part: Part, ctx, kept, first):
     """The per-process stages of the part's kept processes (``kept``: their indices in the part's file order,
     ``first``: the global index of the first).  Returns what the driver merges; the rest stays in scratch."""
-    procs = [store.load(part.dir / "decode.pkl")[i] for i in kept]
+    every = decoded(part)
+    procs = [every[i] for i in kept]
+    del every
     n = len(procs)
     qlo, qhi = _owned_qps(ctx["topo"], first, n)
     topo, gpus, peers = _own(ctx, qlo, qhi)
@@ -440,3 +487,23 @@ def window_rows(part: Part, ctx, g, cut, truncated, host_cut, top_qps):
     pi = np.asarray(L["doorbells"]["producer_index"], np.int64)
     cols["doorbell_pi"] = np.where(dbi >= 0, pi[np.maximum(dbi, 0)] if len(pi) else -1, -1)
     return host, D, cols, drawn, series
+
+
+# ---- the summary's sums ---------------------------------------------------------------------------------
+def summary_part(report_dir, ops_files, aggregates, names=None, params=None):
+    """``analysis.summable``'s sums (``names``, default its SUMMARY) over some part files of the written ops
+    table (a part's); ``aggregates``: this task (exactly one, with no ops rows) counts the aggregate-mode
+    counters, which the matrices fold in.  ``params``: the queries' parameters (the bandwidth bins)."""
+    from ..analysis.summable import SUMMARY, partial
+    from ..query import connect
+    con = connect(report_dir)
+    try:
+        src = ", ".join(f"'{Path(p).as_posix()}'" for p in ops_files)
+        con.execute(f"CREATE OR REPLACE VIEW ops AS SELECT * FROM read_parquet([{src}])")
+        # the other table without rows: materialized empty first (a view cannot select from itself)
+        empty = "ops" if aggregates else "aggregates"
+        con.execute(f"CREATE TEMP TABLE _empty AS SELECT * FROM {empty} LIMIT 0")
+        con.execute(f"CREATE OR REPLACE VIEW {empty} AS SELECT * FROM _empty")
+        return partial(con, SUMMARY if names is None else names, **(params or {}))
+    finally:
+        con.close()

@@ -27,6 +27,7 @@ class Correlated:
     _to_ns: object = None
     _events_ext: dict = None
     _host: object = None                            # (max_events, columns) collected while streaming
+    summed: dict = None                             # the cluster report's sums over its ops parts (analysis.summable)
 
     def __getitem__(self, name):
         return self.tables[name]

@@ -304,6 +304,50 @@ def iter_chunks(path, errors="raise", losses=None, data=None, start=0, stop=None
         off = end
 
 
+class HeaderFile:
+    """A capture file whose chunk headers are read on demand (``os.pread`` of PAGE bytes where a header is), not
+    the file: ``chunk_spans``, ``bounded_spans``, ``repeated_from`` and ``process_spans`` walk a file of any
+    size through it holding one small window (the cluster report's plan runs in a worker with bounded memory;
+    a memory map would leave every page it touched resident).  ``read_bytes``: what was read (tests)."""
+
+    PAGE = 512         # bytes read at a header: the headers of small chunks that follow it come along
+
+    def __init__(self, path):
+        self.fd = os.open(str(path), os.O_RDONLY)
+        self.n = os.fstat(self.fd).st_size
+        self.base, self.page, self.read_bytes = 0, b"", 0
+
+    def __len__(self):
+        return self.n
+
+    def header(self, off):
+        if not (self.base <= off and off + L.CHUNK_HEADER_SIZE <= self.base + len(self.page)):
+            self.base, self.page = off, os.pread(self.fd, self.PAGE, off)
+            self.read_bytes += len(self.page)
+        return _HEADER.unpack_from(self.page, off - self.base)
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _header_at(buf, off):
+    """The chunk header at ``off`` of a file's bytes or of a ``HeaderFile`` (the caller checked it fits)."""
+    return buf.header(off) if isinstance(buf, HeaderFile) else _HEADER.unpack_from(buf, off)
+
+
+def _sound(magic, version, plen):
+    """A chunk header the header walks trust (no CRC): the format's magic and version, a possible length."""
+    return magic == L.MAGIC and version == L.VERSION and plen <= L.MAX_PAYLOAD and not plen % 8
+
+
 def chunk_spans(path, parts, data=None):
     """Split one file into at most ``parts`` byte ranges [start, stop) that begin on chunk boundaries.
 
@@ -320,8 +364,8 @@ def chunk_spans(path, parts, data=None):
     cuts = [0]
     off = 0
     while off + L.CHUNK_HEADER_SIZE <= n and len(cuts) < parts:
-        magic, version, kind, uid, thread, plen, count, crc = _HEADER.unpack_from(buf, off)
-        if magic != L.MAGIC or version != L.VERSION or plen > L.MAX_PAYLOAD or plen % 8:
+        magic, version, kind, uid, thread, plen, count, crc = _header_at(buf, off)
+        if not _sound(magic, version, plen):
             break
         nxt = off + L.CHUNK_HEADER_SIZE + plen
         if nxt >= n:
@@ -331,6 +375,32 @@ def chunk_spans(path, parts, data=None):
         off = nxt
     cuts.append(n)
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
+def bounded_spans(buf, start=0, stop=None, max_bytes=1 << 28):
+    """Split [start, stop) of one file (``buf``: its bytes or a ``HeaderFile``) into byte ranges that begin on
+    chunk boundaries and hold at most ``max_bytes`` each (a single chunk larger than that is a range of its
+    own), so that whoever decodes a range holds a bounded part of the file whatever its size.
+
+    Walks the chunk headers only (no CRC), like ``chunk_spans``: where a header looks wrong the walk stops
+    and the rest is the last range (``iter_chunks`` with errors="recover" deals with it).  The ranges cover
+    [start, stop) exactly; the last one ends at ``stop`` as given (None: the end of the file)."""
+    n = len(buf) if stop is None else min(len(buf), int(stop))
+    max_bytes = max(1, int(max_bytes))
+    cuts, off, lo = [], int(start), int(start)
+    while off + L.CHUNK_HEADER_SIZE <= n:
+        magic, version, kind, uid, thread, plen, count, crc = _header_at(buf, off)
+        if not _sound(magic, version, plen):
+            break
+        nxt = off + L.CHUNK_HEADER_SIZE + plen
+        if nxt > n:
+            break
+        if nxt - lo > max_bytes and off > lo:      # the chunk would overflow the range: it starts the next
+            cuts.append(off)
+            lo = off
+        off = nxt
+    bounds = [int(start)] + cuts
+    return [(a, b) for a, b in zip(bounds, cuts + [stop])]
 
 
 def repeated_from(path, data=None):
@@ -346,8 +416,8 @@ def repeated_from(path, data=None):
     ended, first, count, uids, only_repeats = set(), None, 0, set(), True
     off = 0
     while off + L.CHUNK_HEADER_SIZE <= n:
-        magic, version, kind, uid, thread, plen, cnt, crc = _HEADER.unpack_from(buf, off)
-        if magic != L.MAGIC or version != L.VERSION or plen > L.MAX_PAYLOAD or plen % 8:
+        magic, version, kind, uid, thread, plen, cnt, crc = _header_at(buf, off)
+        if not _sound(magic, version, plen):
             break
         if uid in ended:
             if first is None:
@@ -375,9 +445,9 @@ def process_spans(path, data=None, stop=None):
     while off < n:
         if off + L.CHUNK_HEADER_SIZE > n:
             return None
-        magic, version, kind, uid, thread, plen, cnt, crc = _HEADER.unpack_from(buf, off)
+        magic, version, kind, uid, thread, plen, cnt, crc = _header_at(buf, off)
         end = off + L.CHUNK_HEADER_SIZE + plen
-        if magic != L.MAGIC or version != L.VERSION or plen > L.MAX_PAYLOAD or plen % 8 or end > n:
+        if not _sound(magic, version, plen) or end > n:
             return None
         if uid != cur:
             if uid in seen:

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 from .. import analysis as A
+from ..analysis.summable import rows as summed_rows
+from ..analysis.summable import span_ns
 from ..correlate import correlate
 from ..errors import SigmatraceError
 from ..export import write_perfetto
@@ -97,7 +99,7 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet,
     window = None
     t = time.perf_counter()
     if cluster is not None:
-        corr, window = _on_cluster(cluster, files, out, prog, quiet, timings, workers=workers,
+        corr, window = _on_cluster(cluster, files, out, prog, quiet, timings, workers=workers, figures=figures,
                                    clock_refine=clock_refine, perfetto=perfetto,
                                    max_perfetto_events=max_perfetto_events, batch_records=batch_records)
     else:
@@ -129,14 +131,15 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet,
     con = connect(out)   # the written Parquet tables: the same views `sigmatrace query` sees
     spill = _bounded(con, out) if cluster is not None else None
     try:
-        summary = build_summary(corr, con, pstats)
+        summed = corr.summed      # the cluster report's reduction over its ops parts (None: queried here)
+        summary = build_summary(corr, con, pstats, summed=summed)
         summary["timings_s"] = timings
         write_summary(summary, out / "summary.json")
         timings["summary_s"] = time.perf_counter() - t
         if figures:
             t = time.perf_counter()
             try:
-                _figures(con, out / "figures", progress=prog)
+                _figures(con, out / "figures", progress=prog, summed=summed)
             except Exception as e:  # figures are a convenience: never lose the report for them
                 corr.warnings.append(f"figures not drawn: {e}")
             prog.close()
@@ -157,14 +160,15 @@ def _on_cluster(cluster, files, out, prog, quiet, timings, **kw):
         if link and not quiet:
             print(f"sigmatrace: Dask dashboard {link}", file=sys.stderr, flush=True)
         t = time.perf_counter()
-        stages, held = {}, {}
+        stages, held, tasks = {}, {}, {}
         try:
-            got = C.correlate_and_write(client, files, out, progress=prog, stage_s=stages, held=held, **kw)
+            got = C.correlate_and_write(client, files, out, progress=prog, stage_s=stages, held=held, tasks=tasks, **kw)
         finally:
             prog.close()
         timings["correlate_and_tables_s"] = time.perf_counter() - t
         timings["cluster_stages_s"] = stages
         timings["cluster_driver_rows"] = held
+        timings["cluster_tasks"] = tasks
         return got
     finally:
         if close is not None:
@@ -187,10 +191,11 @@ def _bounded(con, out):
 FIGURE_KINDS = 7   # node, rank, GPU matrices; GPU, node bandwidth; barriers; latency
 
 
-def _figures(con, fig_dir, t0_ns=None, progress=QUIET):
+def _figures(con, fig_dir, t0_ns=None, progress=QUIET, summed=None):
     """Every figure of the report (docs/report.md, "Figures"); times relative to ``t0_ns``, the capture's start
     (summary.json's time_range_ns next to ``fig_dir`` when not given), like the terminal summary.  ``progress``
-    counts the FIGURE_KINDS (drawn or, without data, skipped)."""
+    counts the FIGURE_KINDS (drawn or, without data, skipped).  ``summed``: as ``build_summary``'s (the
+    matrices)."""
     progress("figures", 0, total=FIGURE_KINDS, unit="figure")
     fig_dir.mkdir(parents=True, exist_ok=True)
     if t0_ns is None:
@@ -202,16 +207,19 @@ def _figures(con, fig_dir, t0_ns=None, progress=QUIET):
             t0_ns = None
     written = []
     for level in ("node", "rank", "gpu"):
-        labels, m, _ = A.comm_matrix(con, level)
+        labels, m, _ = A.comm_matrix(con, level, rows=None if summed is None else summed_rows(summed,
+                                                                                              f"matrix_{level}"))
         if len(labels) and m.any():
             written += A.heatmap(labels, m, str(fig_dir / f"matrix_{level}"),
                                  title=f"{dict(node='Node', rank='Rank', gpu='GPU')[level]}-level traffic "
                                        f"(bytes initiator → target)")
         progress("figures", 1)
-    span = con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0] or 0
-    bin_ns = max(1000, int(span // 200) + 1)
+    span = (con.execute("SELECT max(ns) - min(ns) FROM ops").fetchone()[0] or 0) if summed is None else span_ns(summed)
+    bin_ns = A.bandwidth_bin_ns(span)
     for level, key, what in (("gpu", "gpu", "GPU"), ("node", "node", "node")):
-        rows = A.bandwidth(con, level, bin_ns)
+        binned = f"bandwidth_{level}_bins"
+        rows = A.bandwidth(con, level, bin_ns, binned=summed_rows(summed, binned) if summed and binned in summed
+                           else None)
         if rows:
             written += A.bandwidth_figure(rows, key, "label", str(fig_dir / f"bandwidth_{level}"),
                                           f"Egress bandwidth per {what}", bin_ns=bin_ns, t0_ns=t0_ns, what=what)

@@ -9,6 +9,8 @@ import numpy as np
 
 from ..analysis import comm_matrix, op_latency, skew
 from ..analysis.quantile import grouped_quantiles
+from ..analysis.summable import rows as summed_rows
+from ..analysis.summable import summable
 from ..correlate.collectives import KINDS
 from ..format import layout as L
 from ..mlx5.verbs import OPCODE_VOCAB
@@ -38,14 +40,16 @@ def _rows(con, sql):
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
-def build_summary(corr, con=None, perfetto_stats=None):
+def build_summary(corr, con=None, perfetto_stats=None, summed=None):
     """summary.json of a report: ``corr``'s small tables, clocks, warnings and statistics; ``con``: the query
-    engine over its tables (default: over ``corr``)."""
+    engine over its tables (default: over ``corr``); ``summed``: the ``analysis.summable`` aggregates added up
+    from the parts of the ops table (the cluster report's reduction), else they are queried here."""
     con = con or connect(corr)
+    S = (lambda name: summed_rows(summed, name)) if summed is not None else (lambda name: summable(con, name))
     T = corr.tables
     # the per-record tables through the query engine (they need not be in this process: the cluster report)
-    n_ops, n_matched, n_bytes = con.execute("SELECT count(*), coalesce(sum(matched::INTEGER), 0), "
-                                            "coalesce(sum(bytes), 0) FROM ops").fetchone()
+    tot = S("totals")[0]
+    n_ops, n_matched, n_bytes = tot["ops"], tot["matched"], tot["bytes"]
     n_db, db_done, db_coalesced, db_lost = con.execute(
         "SELECT count(*), coalesce(sum(complete::INTEGER), 0), coalesce(sum((wqes > 1)::INTEGER), 0), "
         "coalesce(sum(lost_wqebbs), 0) FROM doorbells").fetchone()
@@ -64,7 +68,7 @@ def build_summary(corr, con=None, perfetto_stats=None):
         "operations_matched": int(n_matched),
         "unmatched": corr.stats.get("unmatched", {}),   # per library: operations, unmatched, reasons
         "bytes_total": int(n_bytes),
-        "by_opcode": _by_opcode(con.execute("SELECT opcode & 255, count(*) FROM ops GROUP BY 1").fetchall()),
+        "by_opcode": _by_opcode([(r["opcode"], r["ops"]) for r in S("by_opcode")]),
         "doorbells": {
             "total": int(n_db),
             "recovered": int(db_done),
@@ -72,10 +76,10 @@ def build_summary(corr, con=None, perfetto_stats=None):
             "wqes": int(con.execute("SELECT count(*) FROM wqes").fetchone()[0]),
         },
         "per_qp": _rows(con, "SELECT * FROM (" + run_named_sql("qp_bandwidth") + ") WHERE ops > 0"),
-        "per_gpu": _rows(con, run_named_sql("gpu_volume")),
+        "per_gpu": S("gpu_volume"),
     }
     for level in ("node", "rank", "gpu"):
-        labels, m, c = comm_matrix(con, level)
+        labels, m, c = comm_matrix(con, level, rows=S(f"matrix_{level}"))
         s[f"{level}_matrix"] = {"labels": labels, "bytes": m, "ops": c}
     s["skew"] = {"node": _labelled(skew(con, "node"), list(T["nodes"]["label"]), ("heaviest_src", "heaviest_dst",
                                                                                  "heaviest_egress_node",
@@ -94,7 +98,7 @@ def build_summary(corr, con=None, perfetto_stats=None):
         "stragglers": stragglers,
         "most_often_last": _most_often_last(stragglers),
     }
-    s["collectives"] = _collectives(con, T)
+    s["collectives"] = _collectives(con, T, tot["attributed"])
     L = T["losses"]
     s["losses"] = {
         "dropped_events": int(P["dropped_events"].sum()),
@@ -136,7 +140,7 @@ def untraced_notice(e):
             f"this trace; trace again with {prov} in --providers (or --providers all)")
 
 
-def _collectives(con, T):
+def _collectives(con, T, attributed):
     """NCCL: calls and communicators, how the calls' work requests were attributed, and per kind and size
     (named query ``collectives``) the bytes on the wire, call → end times and the slowest rank; aggregate
     mode: the NCCL_COLL counters (calls and bytes per kind).  None without NCCL calls."""
@@ -153,7 +157,7 @@ def _collectives(con, T):
         labs, cnt = np.unique(np.asarray(C["attribution"], dtype=str), return_counts=True)
         out["attribution"] = {str(k): int(v) for k, v in zip(labs, cnt)}
         out["qps"] = int((T["qps"]["comm"] >= 0).sum()) if "comm" in T["qps"] else 0
-        out["ops_attributed"] = int(con.execute("SELECT count(*) FROM ops WHERE collective_unit >= 0").fetchone()[0])
+        out["ops_attributed"] = int(attributed)
         out["by_kind"] = _rows(con, run_named_sql("collectives"))
         out["shared_units"] = _rows(con, """
             SELECT unit, any_value(attribution) AS attribution, any_value(rank) AS rank, any_value(comm) AS comm,

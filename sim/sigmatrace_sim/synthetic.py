@@ -42,7 +42,7 @@ class _Clock:
 
 def write_synthetic(out_dir, nodes=2, procs_per_node=2, doorbells_per_qp=40, levels=4, pingpongs=50,
                     calibration=True, seed=1, drift_ppm=30.0, ptp_ns=100.0, single_file=False,
-                    wrap_qp=True):
+                    wrap_qp=True, chunk_records=2730):
     from sigmatrace import mlx5 as M
     rng = np.random.default_rng(seed)
     out_dir = Path(out_dir)
@@ -182,7 +182,8 @@ def write_synthetic(out_dir, nodes=2, procs_per_node=2, doorbells_per_qp=40, lev
         c = clocks[n]
         uid = 0xABC000 + r
         path = out_dir / f"node{n}.{1000 + r}.{r}.{uid:x}.trace"
-        w = TraceWriter(fh if single_file else str(path), uid)
+        # chunk_records: EVENTS records per chunk (the tracer's buffer flushes); small: many chunks per thread
+        w = TraceWriter(fh if single_file else str(path), uid, chunk_records=chunk_records)
         w.process({"format_version": 1, "tracer": "synthetic", "host": f"node{n}", "node_id": f"node{n}", "pid": 1000 + r,
                    "rank": r, "world_size": nranks, "mode": "full", "tsc_hz": c.hz,
                    "nics": [{"name": f"mlx5_{r}", "node_guid": f"{guid[r]:016x}",
