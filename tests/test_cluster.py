@@ -319,3 +319,22 @@ def test_bad_part_size_is_one_line(bad, monkeypatch):
     with pytest.raises(SigmatraceError, match="positive number of bytes"):
         part_bytes_of()
     assert part_bytes_of(1 << 20) == 1 << 20
+
+
+def test_ud_datagrams_equal_local(tmp_path, client):
+    """A real ud_verbs pair (UCX am_lat over the emulated HCA, traced): its datagrams are resolved to their
+    destination QPs through the address handles (IBV_CREATE_AH, a record the driver must get) on the cluster
+    as locally -- every operation matched in both, the same report."""
+    import test_ucx_traced as U
+    for mark in U.needs:
+        if mark.args[0]:
+            pytest.skip(mark.kwargs["reason"])
+    (tmp_path / "run").mkdir()
+    _, trace, _ = U.run_pair(tmp_path / "run", ["-d", "mlx5_0:1", "-x", "ud_verbs", "-t", "am_lat", "-s", "8", "-n",
+                                                "20", "-w", "0"])
+    local, cluster = _both(trace, tmp_path, client)
+    _same_report(local, cluster)
+    import duckdb
+    q = f"select count(*), sum(matched::int) from read_parquet('{cluster}/tables/ops/*.parquet')"
+    (n, matched), = duckdb.sql(q).fetchall()
+    assert n >= 40 and matched == n

@@ -45,7 +45,7 @@ from ..tables import parquet as PQ
 from . import store
 
 # record types that go to the driver with the metadata (one row per QP, identity, call ...); the others stay
-SMALL_TYPES = ("DROPS", "DB_HIJACK_INSTALL", "IBV_CREATE_QP", "MLX5_DEVX_OBJ_CREATE", "IBV_MODIFY_QP",
+SMALL_TYPES = ("DROPS", "DB_HIJACK_INSTALL", "IBV_CREATE_QP", "MLX5_DEVX_OBJ_CREATE", "IBV_MODIFY_QP", "IBV_CREATE_AH",
                "MLX5_DEVX_OBJ_MODIFY") + hostlib.ID_TYPES + collectives.TYPES
 # the records whose QPs become implicit QPs of the topology (``correlate.topology``)
 QP_NAMING = ("DB_DOORBELL", "DB_WQE", "IBV_SEND_WR", "IBV_POST_SEND", "IBV_WR_COMPLETE")
