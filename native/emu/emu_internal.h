@@ -273,10 +273,20 @@ struct emu_pending { struct emu_pending *next; struct emu_pkt pkt; };
 struct emu_bf_snap { uint16_t idx, len; int valid; uint8_t b[256]; };
 #define EMU_BF_SNAPS 4
 
+/* One async event in a context's pipe (async.c): the event, and for a QP event the QP's number and
+ * registration, so that one of a QP destroyed meanwhile is not delivered. */
+struct emu_async_rec {
+	struct ibv_async_event ev;
+	uint32_t qpn;
+	uint32_t pad;
+	uint64_t serial; /* 0: not a QP event */
+};
+
 struct emu_qp {
 	struct ibv_qp_ex qpx;      /* qp_base first */
 	struct emu_nic *nic;
 	uint32_t qpn;
+	uint64_t serial;           /* this QP's registration among the NIC's (async events name it, async.c) */
 	uint32_t bf_off;           /* its doorbell register in the UAR page (0x800, 0xa00 when shared) */
 	uint32_t bf_size;          /* 256 once mlx5dv_init_obj handed out BlueFlame registers, else 0 */
 	uint32_t sq_rung;          /* sq_pi when ibv_post_send last rang (SIGMATRACE_EMU_BF_POST: one WQE since -> a copy) */
@@ -365,6 +375,7 @@ struct emu_qp {
 	X(bf_torn, "BlueFlame copies another write landed inside (a NIC would execute a torn WQE)") \
 	X(cq_arms, "CQ arm doorbells (UAR + 0x20)")                                          \
 	X(async_events, "async events raised")                                               \
+	X(async_events_dropped, "async events of QPs destroyed before they were read (not delivered)") \
 	X(ud_sent, "UD datagrams sent")                                                      \
 	X(ud_received, "UD datagrams received")                                              \
 	X(ud_dropped, "UD datagrams dropped (no QP, Q_Key mismatch, no receive WQE)")                 \

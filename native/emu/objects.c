@@ -31,8 +31,10 @@ EXPORT int emu_qp_register(struct emu_nic *nic, struct emu_qp *qp)
 		uint32_t i = (rot + k) % EMU_MAX_QP;
 		if (!nic->qps[i]) {
 			rot = i + 1;
+			static uint64_t serials;
 			nic->qps[i] = qp;
 			qp->qpn = EMU_QPN_BASE + i;
+			qp->serial = __atomic_add_fetch(&serials, 1, __ATOMIC_RELAXED);
 			qp->nic = nic;
 			nic->qlist[nic->nq++] = qp;
 			qp->in_table = 1;

@@ -298,6 +298,17 @@ static int mode_async(void)
 	if (poll(&pfd, 1, 50) != 0)
 		FAIL("async_fd readable without an event (revents 0x%x)", pfd.revents);
 	ibv_destroy_qp(qp);
+	/* a QP destroyed before its event was read: the event is not delivered (the kernel drops a destroyed
+	 * object's pending events); its record is still in the pipe, so the fd may poll readable once */
+	struct ibv_qp *qp2 = ibv_create_qp(g.pd, &qa);
+	CHECK(qp2, "ibv_create_qp (SRQ, 2)");
+	CHECK(!rc_to_init(qp2), "to INIT (2)");
+	CHECK(!ibv_modify_qp(qp2, &a, IBV_QP_STATE), "modify to ERR (2)");
+	ibv_destroy_qp(qp2);
+	errno = 0;
+	if (ibv_get_async_event(g.ctx, &ev) != -1 || errno != EAGAIN)
+		FAIL("the event of a destroyed QP was delivered (event %d for %p; errno %d)", ev.event_type,
+		     (void *)ev.element.qp, errno);
 	ibv_destroy_srq(srq);
 	printf("OK async event=%d\n", g_ev.event_type);
 	return 0;
