@@ -18,8 +18,10 @@ import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from native_util import EMU_DIR, cleanup_fabric, emu_env, finish, free_port, needs_emu, popen, reaped
@@ -541,3 +543,54 @@ def test_fi_pingpong_over_a_host_address(fabric):
                                     client_env=fi_env(fabric, 2))
     assert (src, crc) == (0, 0), sout + cout
     assert pingpong_rows(cout)[0][:3] == ["1000", "20", "=20"], cout
+
+
+# ---------------------------------------------------------------------------
+# traced: the libfabric operations and the verbs work requests beneath them, matched to the peer
+
+TRACED_PINGPONG = [("verbs", "msg"), ("verbs;ofi_rxm", "rdm"), ("verbs;ofi_rxd", "rdm")]
+LIB = _native.tracer_library()
+
+
+@needs_emu
+@needs_cm
+@needs_fi
+@pytest.mark.skipif(LIB is None, reason="needs libsigmatrace.so")
+@pytest.mark.parametrize("prov,ep", TRACED_PINGPONG, ids=[f"{p}-{e}" for p, e in TRACED_PINGPONG])
+def test_fi_pingpong_verbs_traced(fabric, tmp_path, prov, ep):
+    """fi_pingpong over the verbs provider, both sides traced in full mode: it ends as untraced (exit 0, its
+    result row); each side's libfabric sends of the test's size are the iterations (+ the warm-up fi_pingpong
+    makes), every libfabric operation and every verbs work request matched to the other side -- rxm over RC
+    QPs connected by rdma_cm, rxd over UD QPs whose datagrams name their destination by address handle."""
+    from sigmatrace.correlate import correlate
+    size, iters = 1000, 20
+    out = tmp_path / "trace"
+    traced = dict(LD_PRELOAD=str(LIB), SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_MODE="full")
+    common = ["-p", prov, "-e", ep, "-I", str(iters), "-S", str(size)]
+    (src, sout), (crc, cout) = pair(fabric, lambda p: [FI_PINGPONG, *common, "-B", str(p)],
+                                    lambda p: [FI_PINGPONG, *common, "-P", str(p), "127.0.0.1"],
+                                    server_env=fi_env(fabric, 1, **traced), client_env=fi_env(fabric, 2, **traced))
+    assert (src, crc) == (0, 0), sout + cout
+    assert pingpong_rows(cout)[0][:3] == ["1000", str(iters), f"={iters}"], cout
+    corr = correlate(out, workers=1)
+    ops, P = corr.tables["ops"], corr.tables["processes"]
+    assert len(P["pid"]) == 2
+    u = corr.stats["unmatched"]
+    assert u["libfabric"]["operations"] > 0 and u["libfabric"]["unmatched"] == 0, u
+    assert u["verbs_wr"]["operations"] > 0 and u["verbs_wr"]["unmatched"] == 0, u
+    assert bool(np.all(ops["matched"])), u
+    proc, dst, src_name = np.asarray(ops["process"]), np.asarray(ops["dst_process"]), np.asarray(ops["source_name"])
+    assert bool(np.all(dst == 1 - proc)), "every operation goes to the other side"
+    for i in (0, 1):
+        sends = (proc == i) & (src_name == "ofi") & (np.asarray(ops["bytes"]) == size)
+        assert int(sends.sum()) == iters, (i, int(sends.sum()))        # fi_pingpong's -I, exactly
+        sync = (proc == i) & (src_name == "ofi") & (np.asarray(ops["bytes"]) == 4)
+        assert int(sync.sum()) == 1                                         # its one 4-byte sync message
+        wr = (proc == i) & (src_name == "verbs_wr") & (np.asarray(ops["opcode_name"]) == "SEND")
+        wr_bytes = Counter(np.asarray(ops["bytes"])[wr].tolist())
+        if prov == "verbs":        # the msg endpoint: one work request per libfabric send, the same bytes
+            assert wr_bytes[size] == iters and wr_bytes[4] == 1, wr_bytes
+        elif prov.endswith("rxm"):  # rxm's eager protocol: its header (64 bytes here) in front of the data
+            assert wr_bytes[size + 64] == iters, wr_bytes
+        else:                       # rxd over UD: a 16-byte header; a datagram may be sent again
+            assert wr_bytes[size + 16] >= iters, wr_bytes

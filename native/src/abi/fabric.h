@@ -49,7 +49,7 @@ enum { FI_ENABLE = 6 }; /* fi_control command (fi_enable) */
 
 struct fi_ops {
 	size_t size;
-	st_fi_unused_fn close;
+	int (*close)(struct fid *fid);
 	st_fi_unused_fn bind;
 	int (*control)(struct fid *fid, int command, void *arg);
 	st_fi_unused_fn ops_open;

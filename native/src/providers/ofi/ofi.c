@@ -356,6 +356,39 @@ static void patch_ep_tables(struct fid_ep *ep, struct ofi_obj *state)
 #include "ofi_ops.def"
 }
 
+/* Give the provider its own tables back, where ours are installed (before fi_close, and around fi_enable,
+ * where a provider may free or replace them): a provider may own its tables -- libfabric 1.17's verbs msg
+ * endpoint frees per-endpoint ops tables at close, and freed our copies instead (an invalid free: glibc
+ * aborted the traced fi_pingpong, test_fi_pingpong_verbs_traced[verbs-msg]). */
+static void unpatch_ep_tables(struct fid_ep *ep, struct ofi_obj *state)
+{
+#define ST_OFI_EP_TABLE(table, index)                                         \
+	if (state->installed[index] && (void *)ep->table == state->installed[index]) \
+		st_optable_install(&ep->table, (void *)st_optable_orig(ep->table));
+#define ST_OFI_EP_OP(table, slot, ...)
+#define ST_OFI_EP_TABLE_END(table, index)
+#include "ofi_ops.def"
+}
+
+static int ep_close(struct fid *fid)
+{
+	void *copy = fid->ops;
+	const struct fi_ops *ops = ORIG(fid->ops, struct fi_ops);
+	struct ofi_obj *state = OWNER(fid->ops);
+	unpatch_ep_tables((struct fid_ep *)fid, state);
+	st_optable_install(&fid->ops, (void *)ops);
+	int top = st_enter();
+	int ret = ops->close(fid);
+	st_leave();
+	if (ret != 0 && top) { /* still open (busy): traced again */
+		int saved = errno;
+		st_optable_install(&fid->ops, copy);
+		patch_ep_tables((struct fid_ep *)fid, state);
+		errno = saved;
+	}
+	return ret;
+}
+
 /* The address an endpoint is bound to once enabled (its fi_info's src_addr often has port 0): a second
  * OFI_ENDPOINT record {"id", "src_addr", "bound": true}, the address its peers put in their AVs, so the
  * correlator can tell which process an fi_addr names. */
@@ -387,13 +420,17 @@ static int ep_control(struct fid *fid, int command, void *arg)
 {
 	const struct fi_ops *ops = ORIG(fid->ops, struct fi_ops);
 	struct ofi_obj *state = OWNER(fid->ops);
+	int enable = command == FI_ENABLE;
+	if (enable)
+		unpatch_ep_tables((struct fid_ep *)fid, state); /* fid is the first member */
 	int top = st_enter();
 	int ret = ops->control(fid, command, arg);
 	st_leave();
-	if (top && command == FI_ENABLE && ret == 0) {
+	if (enable) {
 		int saved = errno;
-		patch_ep_tables((struct fid_ep *)fid, state); /* fid is the first member */
-		record_bound_name((struct fid_ep *)fid, state);
+		patch_ep_tables((struct fid_ep *)fid, state); /* what it holds now (enabled or not) */
+		if (top && ret == 0)
+			record_bound_name((struct fid_ep *)fid, state);
 		errno = saved;
 	}
 	return ret;
@@ -406,7 +443,10 @@ static void patch_ep(struct fid_ep *ep, const struct fi_info *info)
 		return;
 	state->connected = info && info->ep_attr && info->ep_attr->type == FI_EP_MSG;
 	record_create(ST_EV_OFI_ENDPOINT, state->id, info, NULL, 0);
-	PATCH(&ep->fid.ops, struct fi_ops, state, { SET(control, ep_control); });
+	PATCH(&ep->fid.ops, struct fi_ops, state, {
+		SET(control, ep_control);
+		SET(close, ep_close);
+	});
 	patch_ep_tables(ep, state);
 }
 
