@@ -32,6 +32,18 @@ def client():
     cluster.close()
 
 
+@pytest.fixture
+def fresh_client():
+    """A LocalCluster of its own, for a test that kills a worker: Dask's nanny restarts the killed one, but not
+    always within a minute on 2 busy cores (seen twice in a full run: "Only 1/2 workers arrived after 60 s"),
+    and the module's cluster must keep its 2 workers for the tests after it."""
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    c = distributed.Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     d, _ = write_synthetic(tmp_path_factory.mktemp("syn"), nodes=3, procs_per_node=2, seed=11)
@@ -169,20 +181,18 @@ class _KillOnce(distributed.WorkerPlugin):
 @pytest.mark.parametrize("stage", ["sigmatrace-correlate", "sigmatrace-pairs", "sigmatrace-tables",
                                    "sigmatrace-earliest", "sigmatrace-perfetto", "sigmatrace-summary",
                                    "sigmatrace-summed"])
-def test_worker_killed_mid_report(stage, synthetic, tmp_path, client):
+def test_worker_killed_mid_report(stage, synthetic, tmp_path, client, fresh_client):
+    """A worker ends (os._exit, as a node failure) when a task of the stage starts: Dask runs its tasks again
+    elsewhere and the report equals the undisturbed one (made on the module's cluster)."""
     ref = tmp_path / "ref"
     build_report(synthetic, ref, workers=1, figures=False, quiet=True, max_perfetto_events=WINDOW, cluster=client)
     marker = tmp_path / "killed"
-    name = f"kill-{stage}"
-    client.register_plugin(_KillOnce(marker, stage), name=name)
-    try:
-        got = tmp_path / "got"
-        build_report(synthetic, got, workers=1, figures=False, quiet=True, max_perfetto_events=WINDOW, cluster=client)
-    finally:
-        client.unregister_worker_plugin(name)
+    fresh_client.register_plugin(_KillOnce(marker, stage), name=f"kill-{stage}")
+    got = tmp_path / "got"
+    build_report(synthetic, got, workers=1, figures=False, quiet=True, max_perfetto_events=WINDOW,
+                 cluster=fresh_client)
     assert marker.exists(), "no worker was killed"
     _same_report(ref, got)
-    client.wait_for_workers(2, timeout=60)
 
 
 def test_shared_context_outlives_the_workers_holding_it(client, tmp_path):
