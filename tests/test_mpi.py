@@ -180,24 +180,19 @@ def test_ranks_from_open_mpi_and_matching(runs, tls):
     rc_unmatched = sum(1 for m, d, ok in zip(mine, on_ud, ops["matched"]) if m and not d and not ok)
     ud_ops = sum(1 for m, d in zip(mine, on_ud) if m and d)
     assert rc_unmatched == 0, u
-    if tls == "verbs":
-        # ud_verbs: each datagram's destination is its address handle's port + the remote QPN of its work
-        # request (IBV_CREATE_AH, IBV_SEND_WR): UCX's wire-up datagrams are matched too, to the other rank
-        assert ud_ops > 0 and u[lib]["unmatched"] == 0, (u, ud_ops)
-        ud_matched = [ok for m, d, ok in zip(mine, on_ud, ops["matched"]) if m and d]
-        assert all(ud_matched) and len(ud_matched) == ud_ops
-        # the emulated NIC's ground truth: per process, the datagrams it sent and those it received (UCX also
-        # sends some to its own UD QP, through an address handle of its own LID) equal the traced ones
-        ud_of = [m and d for m, d in zip(mine, on_ud)]
-        for i, pid in enumerate(P["pid"].tolist()):
-            truth = nic[int(pid)]
-            sent = sum(1 for k, p in enumerate(ops["process"]) if ud_of[k] and p == i)
-            got = sum(1 for k, p in enumerate(ops["dst_process"]) if ud_of[k] and p == i)
-            assert (sent, got) == (truth["ud_sent"], truth["ud_received"] + truth["ud_dropped"]), (i, sent, got, truth)
-    else:
-        # ud_mlx5 writes its own WQEs: their address vectors are not resolved yet, so the only unmatched
-        # doorbell operations are UD datagrams (UCX wire-up), explained
-        assert u[lib]["unmatched"] == ud_ops, (u, ud_ops)
+    # UCX's wire-up datagrams are matched too, to their destination QP: ud_verbs' work requests by their
+    # address handle (IBV_CREATE_AH) and remote QPN, ud_mlx5's own WQEs by their address vector (port + QPN)
+    assert ud_ops > 0 and u[lib]["unmatched"] == 0, (u, ud_ops)
+    ud_matched = [ok for m, d, ok in zip(mine, on_ud, ops["matched"]) if m and d]
+    assert all(ud_matched) and len(ud_matched) == ud_ops
+    # the emulated NIC's ground truth: per process, the datagrams it sent and those it received (UCX also
+    # sends some to its own UD QP, through an address of its own LID) equal the traced ones
+    ud_of = [m and d for m, d in zip(mine, on_ud)]
+    for i, pid in enumerate(P["pid"].tolist()):
+        truth = nic[int(pid)]
+        sent = sum(1 for k, p in enumerate(ops["process"]) if ud_of[k] and p == i)
+        got = sum(1 for k, p in enumerate(ops["dst_process"]) if ud_of[k] and p == i)
+        assert (sent, got) == (truth["ud_sent"], truth["ud_received"] + truth["ud_dropped"]), (i, sent, got, truth)
     # every matched op's peer is the other rank (but datagrams, which may go to the sender's own UD QP)
     for i, rank in enumerate(P["rank"]):
         m = (ops["process"] == i) & ops["matched"] & ~np.array(on_ud, bool)

@@ -193,29 +193,36 @@ def test_uct_perftest_traced_equals_the_nic(tmp_path, tl, mmio, name, args, iter
         assert int((src == "verbs_wr").sum()) == 0, "rc_mlx5 posts no work request through verbs"
 
 
-@pytest.mark.parametrize("glob", [False, True], ids=["lid", "grh"])
+UD_CASES = [(tl, glob) for tl in ("ud_verbs", "ud_mlx5") for glob in (False, True)]
+
+
+@pytest.mark.parametrize("tl,glob", UD_CASES, ids=[f"{t}-{'grh' if g else 'lid'}" for t, g in UD_CASES])
 @needs[0]
 @needs[1]
 @needs[2]
 @needs[3]
-def test_uct_ud_verbs_datagrams_matched_to_their_destination(tmp_path, glob):
-    """ud_verbs: a UD QP has no connected peer; each datagram's destination is its work request's address
-    handle (IBV_CREATE_AH: the LID, or with a GRH the GID, of the port) and remote QPN.  Every datagram is
-    matched to the other side's UD QP, and per process the traced datagrams sent and addressed to it equal
-    what its emulated NIC sent and received."""
+def test_uct_ud_datagrams_matched_to_their_destination(tmp_path, tl, glob):
+    """A UD QP has no connected peer: each datagram names its destination port (LID, or with a GRH its GID)
+    and QPN -- ud_verbs through its work request's address handle (IBV_CREATE_AH) and remote QPN, ud_mlx5 in
+    the address vector of the WQE it writes itself (ref §1.8).  Every datagram is matched to the other side's
+    UD QP, and per process the traced datagrams sent and addressed to it equal what its emulated NIC sent and
+    received."""
     iters = 20
     extra = {"UCX_IB_IS_GLOBAL": "y"} if glob else {}
-    out, trace, truth = run_pair(tmp_path, ["-d", "mlx5_0:1", "-x", "ud_verbs", "-t", "am_lat", "-s", "8", "-n",
+    if tl == "ud_mlx5":
+        extra["UCX_IB_MLX5_DEVX"] = "no"
+    out, trace, truth = run_pair(tmp_path, ["-d", "mlx5_0:1", "-x", tl, "-t", "am_lat", "-s", "8", "-n",
                                             str(iters), "-w", "0"], **extra)
     assert final_iters(out) == iters
     corr = correlate(trace, workers=1)
     P, ops, qps = corr.tables["processes"], corr.tables["ops"], corr.tables["qps"]
     ud = np.asarray(qps["qp_type"]) == IBV_QPT_UD
     q = np.asarray(ops["qp_id"])
-    on_ud = (q >= 0) & ud[np.maximum(q, 0)] & (np.asarray(ops["source_name"]) == "verbs_wr")
+    lib = "verbs_wr" if tl == "ud_verbs" else "doorbell"
+    on_ud = (q >= 0) & ud[np.maximum(q, 0)] & (np.asarray(ops["source_name"]) == lib)
     assert int(on_ud.sum()) >= 2 * iters
     assert bool(np.all(np.asarray(ops["matched"])[on_ud])), corr.stats["unmatched"]
-    assert corr.stats["unmatched"]["verbs_wr"]["unmatched"] == 0, corr.stats["unmatched"]
+    assert corr.stats["unmatched"][lib]["unmatched"] == 0, corr.stats["unmatched"]
     proc, dst = np.asarray(ops["process"]), np.asarray(ops["dst_process"])
     dq = np.asarray(ops["dst_qp_id"])
     assert bool(np.all(dst[on_ud] == 1 - proc[on_ud])), "each datagram goes to the other side"
@@ -224,7 +231,7 @@ def test_uct_ud_verbs_datagrams_matched_to_their_destination(tmp_path, glob):
         nic = truth[int(pid)]
         sent, got = int((on_ud & (proc == i)).sum()), int((on_ud & (dst == i)).sum())
         assert (sent, got) == (nic["ud_sent"], nic["ud_received"] + nic["ud_dropped"]), (int(pid), sent, got, nic)
-    if glob:    # routed by GID: the address handles carry it
+    if glob and tl == "ud_verbs":    # routed by GID: the address handles carry it
         cap = read_capture(trace)
         t = cap.table("IBV_CREATE_AH")
         assert len(t["tsc"]) and all(cap.side_record(int(p), int(s)).json()["is_global"]

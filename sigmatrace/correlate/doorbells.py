@@ -31,10 +31,12 @@ def opcode_names(codes):
 def _datagram_wqes(hd, heads, hrec, w_qp, topo, blob):
     """WQEs of UD QPs (UCX ud_mlx5 wire-up, ud_verbs) carry a datagram address vector after the ctrl
     segment (ref §1.8), which the vectorised decoder (RC compositions) would read as data segments: decode
-    those few with parse_wqe(datagram=True) and put their byte counts and validity in hd."""
+    those few with parse_wqe(datagram=True) and put their byte counts and validity in hd.  Returns each WQE's
+    destination QP (the address vector's port + QPN, ``Topology.datagram_dest_av``), -1 elsewhere."""
+    dst = np.full(len(heads), -1, np.int64)
     ud = topo.ud_mask()
     if not ud.any():
-        return
+        return dst
     mine = ud[np.maximum(w_qp[hrec], 0)] & (w_qp[hrec] >= 0)
     raw = blob.tobytes()
     for j in np.flatnonzero(mine):
@@ -49,6 +51,9 @@ def _datagram_wqes(hd, heads, hrec, w_qp, topo, blob):
         hd["raddr"][j] = w.raddr or 0
         hd["rkey"][j] = w.rkey or 0
         hd["valid"][j] = True
+        if w.av_dqp_dct is not None:
+            dst[j] = topo.datagram_dest_av(w.av_rgid, w.av_rlid, w.av_dqp_dct)
+    return dst
 
 
 @dataclass
@@ -67,6 +72,7 @@ class Doorbells:
     missing_wqe_side: int = 0  # DB_WQE records whose WQE bytes are not in the capture
     bad_wqes: int = 0        # recovered WQEs that failed validation
     gpu_uses: list = None    # the (process, ordinal) GPUs the QP fallback took as used (``qp_gpus``), in order
+    wqe_dst_qp: np.ndarray = None  # per recovered WQE: a datagram's destination QP (its address vector), else -1
 
 
 def doorbell_warnings(missing_wqe_side, bad_wqes):
@@ -138,8 +144,7 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
     hrec = slot_rec[heads]
     exp_index = (rec_first[hrec] + slot_off[heads]) & 0xFFFF
     hd = dec[heads]
-    if len(heads):
-        _datagram_wqes(hd, heads, hrec, w_qp, topo, blob)
+    we_dst = _datagram_wqes(hd, heads, hrec, w_qp, topo, blob) if len(heads) else np.zeros(0, np.int64)
     index_ok = hd["wqe_index"].astype(np.int64) == exp_index
     qpn_ok = hd["qpn"].astype(np.int64) == (wq["qpn"][hrec].astype(np.int64) & 0xFFFFFF)
     wqe_valid = hd["valid"] & index_ok & qpn_ok
@@ -285,7 +290,7 @@ def associate(out, st, procs, topo: Topology, pollers: Pollers, gpus: Gpus, node
     )
     return Doorbells(n=nd, process=d_proc, tsc=d_tsc, gpu=d_gpu, wqe_process=we_proc, wqe_qp=we_qp, wqe_tsc=we_tsc,
                      wqe_doorbell=we_db, duplicate=dup, qp_gpu=q_gpu, missing_wqe_side=missing_wqe_side, bad_wqes=bad,
-                     gpu_uses=uses)
+                     gpu_uses=uses, wqe_dst_qp=we_dst)
 
 
 def qp_gpus(q_gpu, topo: Topology, pollers: Pollers, gpus: Gpus, procs, qp_ids=None):

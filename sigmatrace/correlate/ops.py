@@ -55,6 +55,10 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records, peers) -> 
             rkey=tables["wqes"]["rkey"][wsel], wr_id=np.full(len(wsel), -1, np.int64), num_wr=np.ones(len(wsel), np.int64),
             doorbell_id=dbi, wqe_id=wsel, signaled=tables["wqes"]["signaled"][wsel],
             gpu=np.where(has_db, dbs.gpu[np.maximum(dbi, 0)] if dbs.n else -1, dbs.qp_gpu[dbs.wqe_qp[wsel]])))
+        if dbs.wqe_dst_qp is not None and len(dbs.wqe_dst_qp) and (dbs.wqe_dst_qp[wsel] >= 0).any():
+            dq = dbs.wqe_dst_qp[wsel].astype(np.int32)   # datagrams: their address vector's destination
+            ops_parts[-1]["dst_qp"] = dq
+            ops_parts[-1]["dst_proc"] = np.where(dq >= 0, topo.process[np.maximum(dq, 0)], -1).astype(np.int32)
         part_rows["doorbell"] = len(wsel)
     s_qp = topo.of(swr["process"], swr["qpn"]).astype(np.int32)
     s_keep = ~np.isin(s_qp, list(db_qps)) if len(s_qp) and db_qps else np.ones(len(s_qp), bool)
@@ -158,9 +162,9 @@ def unmatched_counts(op_base, topo: Topology):
             for qq, c in zip(qs.tolist(), counts.tolist()):
                 r = topo.row_at(qq)
                 if r.get("kind") == "verbs" and r.get("qp_type") == 4:     # IBV_QPT_UD: no connected peer
-                    why = ("UD datagram whose destination (its address handle's port + the remote QPN) is no "
-                           "traced QP: the address handle's creation was not recorded (simple mode, or a DevX/mlx5 "
-                           "address vector), or the peer is not traced")
+                    why = ("UD datagram whose destination (the port of its address handle or address vector + "
+                           "the remote QPN) is no traced QP: the peer is not traced, or the address handle's "
+                           "creation was not recorded (simple mode records no work requests)")
                 else:
                     why = ("the remote QP is not in the capture (peer process not traced or its file missing)"
                            if r["remote_qpn"] is not None and r["remote_qpn"] >= 0 else

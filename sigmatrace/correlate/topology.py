@@ -70,6 +70,15 @@ class Topology:
             res[(pi, int(t["ah"][k]))] = -1 if nic is None else int(nic)
         return res
 
+    def datagram_dest_av(self, rgid, rlid, dqpn):
+        """qp_id of the destination of one datagram a QP wrote itself (UCX ud_mlx5, DevX): its WQE's address
+        vector names the port (GID when it carries one, else LID) and the QPN; -1 when no traced QP is there."""
+        nic = self.nics.by_gid.get(norm_gid(int.from_bytes(rgid, "big"))) if rgid and any(rgid) else None
+        if nic is None and rlid:
+            nic = self.nics.by_lid.get(int(rlid))
+        cand = self.by_nic_qpn.get((nic, int(dqpn) & 0xFFFFFF)) if nic is not None else None
+        return cand[0] if cand and len(cand) == 1 else -1
+
     def datagram_dest(self, proc, ah, rqpn):
         """qp_id of each datagram's destination QP -- the remote QPN of its work request on the NIC its address
         handle names -- or -1 (no address handle recorded, its port is no traced NIC's, or no traced QP there)."""

@@ -21,6 +21,7 @@ from .layouts import (
 _CTRL = struct.Struct(">IIBHBI")      # opmod_idx_opcode, qpn_ds, signature, dci_stream_channel_id, fm_ce_se, imm (ref §1.2)
 _RADDR = struct.Struct(">QI")         # raddr BE64, rkey BE32 (ref §1.3)
 _DATA = struct.Struct(">IIQ")         # byte_count, lkey, addr (ref §1.4)
+_U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _U32X4 = struct.Struct(">IIII")
@@ -68,6 +69,8 @@ class WQE:
     payload: bytes | None = None       # bytes after ctrl when segments_decoded is False
     av_dqp_dct: int | None = None      # datagram (DCI) address vector, when decoded with datagram=True
     av_key: int | None = None
+    av_rlid: int | None = None         # the destination port's LID (BE16 @14)
+    av_rgid: bytes | None = None       # its GID (16 bytes @32), full 48-byte AV only
     offset: int = 0                    # byte offset of the ctrl segment in the caller's buffer
     slot: int | None = None            # ring slot (offset // 64) when decoded from a ring
 
@@ -241,9 +244,12 @@ def _decode_av(wqe: WQE, body: bytes, pos: int) -> int:
     wqe.av_key = _U64.unpack_from(body, pos)[0]
     dqp_dct = _U32.unpack_from(body, pos + 8)[0]
     wqe.av_dqp_dct = dqp_dct & 0x00FFFFFF
+    wqe.av_rlid = _U16.unpack_from(body, pos + 14)[0]
     size = AV_FULL_SIZE if dqp_dct & EXTENDED_UD_AV else AV_HALF_SIZE
     if pos + size > len(body):
         raise Mlx5DecodeError("DS too small for the full address vector")
+    if size == AV_FULL_SIZE:
+        wqe.av_rgid = bytes(body[pos + 32:pos + 48])
     return pos + size
 
 
