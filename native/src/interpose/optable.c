@@ -14,40 +14,55 @@
  * the object is closed, and objects with dispatch tables are few.
  */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "interpose.h"
 
-/* Every copy made, in an open-addressing set of pointers (inserted with a
- * compare-and-swap, looked up without a lock; copies are never freed, so
- * entries never go): st_optable_ours must not read in front of a table that
- * is not ours -- a provider's table may be a heap object of its own or sit
- * at the start of a page. */
-#define COPY_SLOTS 16384 /* power of two; beyond 3/4 of it no table is patched any more */
-static const void *copies[COPY_SLOTS];
-static unsigned ncopies;
+/* Copies live in arenas of our own (anonymous mappings, never unmapped:
+ * copies are never freed), so st_optable_ours tells one of ours by its
+ * address alone: it must not read in front of a table that is not ours -- a
+ * provider's table may be a heap object of its own or sit at the start of a
+ * page.  Lock-free, and every state is one any thread can go on from (a fork
+ * child too): a copy takes its bytes from the current arena with one
+ * fetch-and-add; when that arena is full, whoever sees it moves `current` on,
+ * and whoever finds the next slot empty maps an arena into it (one
+ * compare-and-swap wins, the others unmap theirs). */
+#define ARENA_BYTES (1u << 20)
+#define MAX_ARENAS 4096 /* 4 GiB of tables */
+static uintptr_t arena_lo[MAX_ARENAS]; /* mapped arenas: a prefix of the array */
+static uint64_t arena_used[MAX_ARENAS];
+static unsigned current;
 
-static unsigned slot_of(const void *p)
+static void *arena_alloc(size_t n)
 {
-	uint64_t h = (uint64_t)(uintptr_t)p * 0x9e3779b97f4a7c15ull;
-	return (unsigned)(h >> 50) & (COPY_SLOTS - 1);
-}
-
-static int remember(const void *copy)
-{
-	if (__atomic_add_fetch(&ncopies, 1, __ATOMIC_RELAXED) > COPY_SLOTS * 3 / 4)
-		return -1;
-	for (unsigned i = slot_of(copy);; i = (i + 1) & (COPY_SLOTS - 1)) {
-		const void *none = NULL;
-		if (__atomic_compare_exchange_n(&copies[i], &none, copy, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
-			return 0;
+	n = (n + 15) & ~(size_t)15;
+	if (n > ARENA_BYTES)
+		return NULL;
+	for (;;) {
+		unsigned k = __atomic_load_n(&current, __ATOMIC_ACQUIRE);
+		uintptr_t lo = __atomic_load_n(&arena_lo[k], __ATOMIC_ACQUIRE);
+		if (lo) {
+			uint64_t off = __atomic_fetch_add(&arena_used[k], n, __ATOMIC_RELAXED);
+			if (off + n <= ARENA_BYTES)
+				return (void *)(lo + off); /* fresh zero pages */
+			if (k + 1 == MAX_ARENAS)
+				return NULL;
+			__atomic_compare_exchange_n(&current, &k, k + 1, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+			continue;
+		}
+		void *m = mmap(NULL, ARENA_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (m == MAP_FAILED)
+			return NULL;
+		uintptr_t none = 0;
+		if (!__atomic_compare_exchange_n(&arena_lo[k], &none, (uintptr_t)m, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+			munmap(m, ARENA_BYTES); /* another thread mapped arena k first: use that one */
 	}
 }
 
 void *st_optable_copy(const void *orig, size_t size, void *owner)
 {
-	struct st_optable_hdr *h = calloc(1, sizeof(*h) + size);
+	struct st_optable_hdr *h = arena_alloc(sizeof(*h) + size);
 	if (!h)
 		return NULL;
 	h->magic = ST_OPTABLE_MAGIC;
@@ -55,22 +70,14 @@ void *st_optable_copy(const void *orig, size_t size, void *owner)
 	h->owner = owner;
 	h->size = size;
 	memcpy(h + 1, orig, size);
-	if (remember(h + 1) != 0) {
-		free(h); /* the set is full: this object stays unpatched (its calls go untraced, unchanged) */
-		return NULL;
-	}
 	return h + 1;
 }
 
 int st_optable_ours(const void *table)
 {
-	if (!table)
-		return 0;
-	for (unsigned i = slot_of(table);; i = (i + 1) & (COPY_SLOTS - 1)) {
-		const void *c = __atomic_load_n(&copies[i], __ATOMIC_ACQUIRE);
-		if (!c)
-			return 0;
-		if (c == table)
+	uintptr_t t = (uintptr_t)table, lo;
+	for (unsigned i = 0; table && i < MAX_ARENAS && (lo = __atomic_load_n(&arena_lo[i], __ATOMIC_ACQUIRE)); i++)
+		if (t - lo < ARENA_BYTES)
 			return ((const struct st_optable_hdr *)table - 1)->magic == ST_OPTABLE_MAGIC;
-	}
+	return 0;
 }

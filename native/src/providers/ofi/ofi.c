@@ -370,6 +370,18 @@ static void unpatch_ep_tables(struct fid_ep *ep, struct ofi_obj *state)
 #include "ofi_ops.def"
 }
 
+/* The other way: our copies back where the provider kept its table, a new copy where it put another. */
+static void repatch_ep_tables(struct fid_ep *ep, struct ofi_obj *state)
+{
+#define ST_OFI_EP_TABLE(table, index)                                                            \
+	if (state->installed[index] && (const void *)ep->table == st_optable_orig(state->installed[index])) \
+		st_optable_install(&ep->table, state->installed[index]);
+#define ST_OFI_EP_OP(table, slot, ...)
+#define ST_OFI_EP_TABLE_END(table, index)
+#include "ofi_ops.def"
+	patch_ep_tables(ep, state);
+}
+
 static int ep_close(struct fid *fid)
 {
 	void *copy = fid->ops;
@@ -383,7 +395,7 @@ static int ep_close(struct fid *fid)
 	if (ret != 0 && top) { /* still open (busy): traced again */
 		int saved = errno;
 		st_optable_install(&fid->ops, copy);
-		patch_ep_tables((struct fid_ep *)fid, state);
+		repatch_ep_tables((struct fid_ep *)fid, state);
 		errno = saved;
 	}
 	return ret;
@@ -428,7 +440,7 @@ static int ep_control(struct fid *fid, int command, void *arg)
 	st_leave();
 	if (enable) {
 		int saved = errno;
-		patch_ep_tables((struct fid_ep *)fid, state); /* what it holds now (enabled or not) */
+		repatch_ep_tables((struct fid_ep *)fid, state); /* what it holds now (enabled or not) */
 		if (top && ret == 0)
 			record_bound_name((struct fid_ep *)fid, state);
 		errno = saved;
