@@ -238,12 +238,8 @@ def _rebased(D, first):
 
 def _matched(op_base, topo):
     """Per op: its target is known (remote QP, or a UCX / libfabric peer process) -- a flow."""
-    q = np.asarray(op_base["qp_id"], np.int64)
-    on_qp = q >= 0
-    rem = np.where(on_qp, topo.remote[np.maximum(q, 0)] if topo.n else -1, -1)
-    if "dst_qp" in op_base:                       # datagrams name their destination QP themselves
-        rem = np.where(np.asarray(op_base["dst_qp"]) >= 0, np.asarray(op_base["dst_qp"]), rem)
-    return np.where(on_qp, rem >= 0, np.asarray(op_base["dst_proc"]) >= 0)
+    on_qp = np.asarray(op_base["qp_id"], np.int64) >= 0
+    return np.where(on_qp, ops.dst_qp_of(op_base, topo) >= 0, np.asarray(op_base["dst_proc"]) >= 0)
 
 
 def part_gids(idx, local_starts, global_starts):

@@ -143,6 +143,16 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records, peers) -> 
     return ops
 
 
+def dst_qp_of(op_base, topo: Topology):
+    """Per op on a QP: its destination QP -- the QP's remote, or a datagram's own (``dst_qp``) -- else -1."""
+    q = np.asarray(op_base["qp_id"]).astype(np.int64)
+    rem = np.where(q >= 0, topo.remote[np.maximum(q, 0)] if topo.n else -1, -1)
+    if "dst_qp" in op_base:                   # datagrams name their destination QP themselves
+        dq = np.asarray(op_base["dst_qp"])
+        rem = np.where(dq >= 0, dq, rem)
+    return rem
+
+
 def unmatched_counts(op_base, topo: Topology):
     """Operations on QPs and those without a peer, per source, with why: {source: (total, {reason: n})}.  The
     counts of parts of the operations add up (``merge_unmatched``)."""
@@ -151,10 +161,7 @@ def unmatched_counts(op_base, topo: Topology):
     src = np.asarray(op_base["source"]).astype(np.int64)
     on_qp = q >= 0
     if on_qp.any():
-        rem = np.where(on_qp, topo.remote[np.maximum(q, 0)] if topo.n else -1, 0)
-        if "dst_qp" in op_base:                   # datagrams name their destination QP themselves
-            rem = np.where(np.asarray(op_base["dst_qp"]) >= 0, np.asarray(op_base["dst_qp"]), rem)
-        lost = on_qp & (rem < 0)
+        lost = on_qp & (dst_qp_of(op_base, topo) < 0)
         for s_ in np.unique(src[on_qp]).tolist():
             total = int((on_qp & (src == s_)).sum())
             qs, counts = np.unique(q[lost & (src == s_)], return_counts=True)

@@ -56,6 +56,18 @@ class Topology:
         self.ah_nic = self._address_handles(st, procs)
 
     # ---- UD: the destination of each datagram ---------------------------------------------------------
+    def _port_nic(self, gid, lid):
+        """The traced NIC a datagram's address names: by its GID when it has one, else by its LID; -1: none."""
+        nic = self.nics.by_gid.get(norm_gid(gid)) if gid is not None else None
+        if nic is None and lid:
+            nic = self.nics.by_lid.get(int(lid))
+        return -1 if nic is None else int(nic)
+
+    def _qp_at(self, nic, qpn):
+        """qp_id of QP ``qpn`` on traced NIC ``nic``, -1 when none (or ambiguous)."""
+        cand = self.by_nic_qpn.get((nic, int(qpn) & 0xFFFFFF)) if nic >= 0 else None
+        return cand[0] if cand and len(cand) == 1 else -1
+
     def _address_handles(self, st, procs):
         """(process, address-handle id) -> the NIC its GID (else LID) names; -1 when no traced NIC has it."""
         t = st.table("IBV_CREATE_AH")
@@ -64,20 +76,14 @@ class Topology:
             pi = int(t["process"][k])
             js = procs[pi].side_json.get(int(t["side_id"][k]))
             js = js if isinstance(js, dict) else {}
-            nic = self.nics.by_gid.get(norm_gid(js.get("dgid"))) if js.get("is_global") else None
-            if nic is None and js.get("dlid"):
-                nic = self.nics.by_lid.get(int(js["dlid"]))
-            res[(pi, int(t["ah"][k]))] = -1 if nic is None else int(nic)
+            res[(pi, int(t["ah"][k]))] = self._port_nic(js.get("dgid") if js.get("is_global") else None,
+                                                        js.get("dlid"))
         return res
 
     def datagram_dest_av(self, rgid, rlid, dqpn):
         """qp_id of the destination of one datagram a QP wrote itself (UCX ud_mlx5, DevX): its WQE's address
         vector names the port (GID when it carries one, else LID) and the QPN; -1 when no traced QP is there."""
-        nic = self.nics.by_gid.get(norm_gid(int.from_bytes(rgid, "big"))) if rgid and any(rgid) else None
-        if nic is None and rlid:
-            nic = self.nics.by_lid.get(int(rlid))
-        cand = self.by_nic_qpn.get((nic, int(dqpn) & 0xFFFFFF)) if nic is not None else None
-        return cand[0] if cand and len(cand) == 1 else -1
+        return self._qp_at(self._port_nic(int.from_bytes(rgid, "big") if rgid else None, rlid), dqpn)
 
     def datagram_dest(self, proc, ah, rqpn):
         """qp_id of each datagram's destination QP -- the remote QPN of its work request on the NIC its address
@@ -89,9 +95,7 @@ class Topology:
         for i, key in enumerate(zip(np.asarray(proc).tolist(), np.asarray(ah).tolist(), np.asarray(rqpn).tolist())):
             q = memo.get(key)
             if q is None:
-                nic = self.ah_nic.get((key[0], key[1]), -1)
-                cand = self.by_nic_qpn.get((nic, key[2] & 0xFFFFFF)) if nic >= 0 else None
-                q = memo[key] = cand[0] if cand and len(cand) == 1 else -1
+                q = memo[key] = self._qp_at(self.ah_nic.get((key[0], key[1]), -1), key[2])
             out[i] = q
         return out
 

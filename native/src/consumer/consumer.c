@@ -50,7 +50,6 @@ static double tsc_hz;
 
 /* ---- chunk output ------------------------------------------------------------- */
 
-
 static void write_chunk(uint16_t kind, uint32_t thread_index, uint32_t count, const void *p, size_t len)
 {
 	static const unsigned char zeros[8];
@@ -316,7 +315,6 @@ static void drain_all(int partial, int final)
 }
 
 /* ---- the end --------------------------------------------------------------------------------- */
-
 
 static void write_end(void)
 {

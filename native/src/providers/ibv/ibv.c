@@ -217,8 +217,6 @@ static const char *const attr_names[] = {"state", "cur_state", "en_sqd_async_not
 					 "min_rnr_timer", "sq_psn", "max_dest_rd_atomic", "path_mig_state",
 					 "cap", "dest_qpn"};
 
-/* ibv_modify_qp's record: the peer of aggregate counters (dest QPN, peer
- * node) into the QP entry, then the event with every attribute set. */
 /* An address handle: where the UD work requests naming it go (their IBV_SEND_WR carries its id). */
 void st_ibv_ah_created(struct ibv_ah *ah, struct ibv_pd *pd, const struct ibv_ah_attr *attr)
 {
@@ -243,6 +241,8 @@ void st_ibv_ah_created(struct ibv_ah *ah, struct ibv_pd *pd, const struct ibv_ah
 	errno = saved;
 }
 
+/* ibv_modify_qp's record: the peer of aggregate counters (dest QPN, peer
+ * node) into the QP entry, then the event with every attribute set. */
 static void qp_modified(int ret, struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
 	int saved = errno;
