@@ -14,6 +14,7 @@ kind and size are that volume plus the small control writes.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,11 +79,11 @@ def nccl_env(fabric, stats_dir, extra=None):
     return env
 
 
-def torchrun_argv(sizes=SIZES, iters=ITERS, warmup=WARMUP, ops=OPS):
+def torchrun_argv(sizes=SIZES, iters=ITERS, warmup=WARMUP, ops=OPS, extra=()):
     tr = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     return [tr, "--standalone", "--nproc_per_node", "2", "--no-python", str(NCCL_DIR / "rank.sh"),
             sys.executable, str(NCCL_DIR / "collectives.py"), "--sizes", ",".join(map(str, sizes)),
-            "--iters", str(iters), "--warmup", str(warmup), "--ops", ",".join(ops), "--gt-dir", "."]
+            "--iters", str(iters), "--warmup", str(warmup), "--ops", ",".join(ops), "--gt-dir", ".", *extra]
 
 
 def launch(tmp, mode, fabric, argv=None, timeout=400):
@@ -310,3 +311,55 @@ def test_nccl_work_requests_attributed_with_ring_bytes(runs, correlated, mode, t
         ring = np.mean([nccl_ring_bytes(r["op"], r["bytes"], int(k), (int(k) + 1) % 2, 2) for k in ranks])
         assert ring <= r["wire_bytes_per_call"] <= ring + 64 * 1024, (r, ring)
     print("NCCL_ATTRIBUTION " + json.dumps(dict(mode=mode, units=checked, **report)))
+
+
+def test_full_mode_records_per_wr_latency(correlated):
+    """Full mode records NCCL's completions: every signalled work request on NCCL's QPs has its own completion
+    and a real post -> completion latency (F24a); simple mode records post calls only (latency NULL)."""
+    O = correlated["full"].tables["ops"]
+    sig = np.asarray(O["signaled"]).astype(bool) & (np.asarray(O["qp_id"]) >= 0)
+    lat, own = np.asarray(O["latency_ns"]), np.asarray(O["completion"])
+    assert sig.sum() > 1000, int(sig.sum())
+    assert (own[sig] >= 0).all() and (lat[sig] > 0).all(), (int((own[sig] < 0).sum()), int((lat[sig] <= 0).sum()))
+    print("NCCL_WR_LATENCY " + json.dumps(dict(signalled=int(sig.sum()),
+                                               p50_ns=int(np.median(lat[sig])), max_ns=int(lat[sig].max()))))
+
+
+def _nccl_errors(output):
+    """NCCL's warnings, without the numbers that differ from run to run (pids, addresses, times, hosts)."""
+    out = set()
+    for line in output.splitlines():
+        if "NCCL WARN" in line:
+            out.add(re.sub(r"0x[0-9a-f]+|\d+", "N", line.split("NCCL WARN", 1)[1]).strip())
+    return out
+
+
+def test_killed_rank_mid_collective(tmp_path):
+    """Rank 1 dies (SIGKILL) inside a 16 MiB all_reduce: torchrun reports the same failure traced and untraced
+    (exit status, rank 1 killed by signal 9), NCCL's warnings on the survivor are the same kinds, the trace
+    of the surviving rank is readable and the report names rank 1 as the process that ended early."""
+    if REASON:
+        pytest.skip(REASON)
+    argv = torchrun_argv(sizes=(16 << 20,), iters=20, warmup=2, ops=("all_reduce",), extra=("--die", "1:all_reduce:6"))
+    got = {m: launch(tmp_path, m, f"ncclk{os.getpid()}{m or 'u'}", argv=argv, timeout=300) for m in (None, "simple")}
+    (rc_u, out_u, _, _), (rc_t, out_t, trace, _) = got[None], got["simple"]
+    report = dict(rc_untraced=rc_u, rc_traced=rc_t, nccl_untraced=sorted(_nccl_errors(out_u)),
+                  nccl_traced=sorted(_nccl_errors(out_t)))
+    print("NCCL_KILLED " + json.dumps(report))
+    assert rc_u != 0 and rc_t == rc_u, (report, out_t[-3000:])
+    for out in (out_u, out_t):
+        assert "NCCL_DYING rank 1" in out
+        assert re.search(r"exitcode\s*:\s*-9", out), out[-3000:]
+    assert _nccl_errors(out_t) == _nccl_errors(out_u), report
+    from sigmatrace.correlate import correlate
+    from sigmatrace.report import build_report
+    corr = correlate(trace, workers=2)
+    P, O = corr.tables["processes"], corr.tables["ops"]
+    ranks = {int(r): i for i, r in enumerate(P["rank"]) if r >= 0}
+    assert set(ranks) >= {0, 1}, P["rank"]
+    assert (np.asarray(O["process"]) == ranks[0]).sum() > 0, "the surviving rank's work requests"
+    _, summary, _ = build_report(trace, tmp_path / "rep", workers=2, figures=False, perfetto=False, quiet=True)
+    early = summary["losses"]["ended_early"]
+    assert 1 in [e["rank"] for e in early], early
+    e1 = next(e for e in early if e["rank"] == 1)
+    assert e1["last_event_ns"] is not None, e1

@@ -237,7 +237,7 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
     topo = Topology(out, st, procs, nics, keys)
     peers = hostlib.Peers({t: st.table(t) for t in hostlib.ID_TYPES}, procs)
     out._peers = peers
-    coll = collectives.Collectives(out, st, procs, topo, tables["threads"])
+    coll = collectives.Collectives(out, st, procs, topo, tables["threads"], node_of)
     active = sorted({k for k, _ in where})
     part_of_process = np.array([k for k, _ in where], np.int64)
     first = {k: int(np.flatnonzero(part_of_process == k)[0]) for k in active}

@@ -197,7 +197,8 @@ def local(part: Part, ctx, kept, first):
     op_compl = ops.match_posts(op_base, topo, wc, c_qp, is_recv, c_op) if len(wc["tsc"]) and len(op_base["tsc"]) \
         else np.full(len(op_base["tsc"]), -1, np.int32)
     coll = ctx["coll"]
-    unit_stats = coll.unit_stats(op_base, op_compl, wc["tsc"]) if coll is not None else {}
+    receiving = collectives.receiving_qps(st.table("IBV_POST_RECV"), topo) if coll is not None else None
+    unit_stats = coll.unit_stats(op_base, op_compl, wc["tsc"], receiving) if coll is not None else {}
     # the sends to each part's QPs, grouped by that part (local op order kept inside a group)
     snd, o_dqp = ops.send_keys(op_base, topo)
     sends = np.zeros(len(snd), SEND_DTYPE)
@@ -215,7 +216,7 @@ def local(part: Part, ctx, kept, first):
     matched = _matched(op_base, topo)
     store.save(part.dir / "local.pkl", dict(
         op_base=op_base, op_compl=op_compl, wc=wc, c_qp=c_qp, is_recv=is_recv, c_op=c_op, dbs=dbs,
-        doorbells=out.tables["doorbells"], wqes=out.tables["wqes"], recv=ops.recv_keys(wc, c_qp), matched=matched,
+        receiving=receiving, doorbells=out.tables["doorbells"], wqes=out.tables["wqes"], recv=ops.recv_keys(wc, c_qp), matched=matched,
         events=[(first + i, part.abspath, p.chunks) for i, p in enumerate(procs)]))
     parts = out.stats["op_parts"]
     bounds = np.concatenate([[0], np.cumsum(parts)])
@@ -362,7 +363,7 @@ def _tables(part: Part, ctx, g):
     ob["completion"], ob["peer_completion"] = L["op_compl"], P["comp"]
     coll = ctx["coll"]
     if coll is not None:
-        ob["collective_id"], ob["collective_unit"] = coll.label_ops(ob)
+        ob["collective_id"], ob["collective_unit"] = coll.label_ops(ob, L["receiving"])
     else:
         collectives.empty_attribution(ob)
     c_op = np.where(L["is_recv"], recv_op, L["c_op"])

@@ -27,9 +27,12 @@ non-blocking init that connects after the call returned), to that one ("nccl-thr
 Attribution.  NCCL's proxy executes a communicator's operations in call order.  Per communicator the calls
 form *units* -- one call, or the communicator's calls of one NCCL group -- and the work requests (ops rows:
 work requests, post calls, GPU WQEs) on the communicator's QPs posted from a unit's first call up to the
-next unit's first call are the unit's.  No work of a later unit can come before its call; work of an earlier
+next unit's first call are the unit's; on a *sending* QP (no receives posted, its peer a QP of the same
+communicator in another process of the node) the window begins at the later of the two ranks' calls of the
+unit's instances, since NCCL's net transport writes a receive buffer only after the receiver announced it
+in its own call.  No work of a later unit can come before its call; work of an earlier
 one can (a call made while the previous one was still running, "in flight"): where the trace shows it -- a
-completion of a unit's work request after the next unit's call (full mode), or a unit that moves data on a
+completion of a unit's work request after the next unit's window began on its QP (full mode), or a unit that moves data on a
 communicator with QPs but posted nothing before the next call -- the units are merged and their work requests
 attributed to the merged unit.  Merging never attributes a work request wrongly, it only attributes it to
 more calls.  The window is exact when each call's work is posted before the communicator's next call (a
@@ -74,8 +77,9 @@ def redop_name(code):
 class Collectives:
     """Communicators, calls, QP ownership and work-request attribution of one capture."""
 
-    def __init__(self, out, st, procs, topo, threads):
+    def __init__(self, out, st, procs, topo, threads, node_of=None):
         self.procs = procs
+        self.node_of = np.asarray(node_of if node_of is not None else np.zeros(len(procs)), np.int64)
         self.warnings = out.warnings
         t = {n: st.table(n) for n in TYPES}
         self._communicators(t["NCCL_COMM_INIT"], t["NCCL_COMM_DESTROY"], procs)
@@ -261,6 +265,8 @@ class Collectives:
     def _qp_owners(self, topo, thread_names):
         nq = topo.n
         self.qp_comm = np.full(nq + 1, -1, np.int64)      # + sentinel for ops without a QP
+        self.qp_process = np.asarray(topo.process, np.int64)[:nq] if nq else np.zeros(0, np.int64)
+        self.qp_remote = np.asarray(topo.remote, np.int64)[:nq] if nq else np.zeros(0, np.int64)
         self.qp_rule = np.array([""] * nq, dtype=object)
         if not self.comms or not nq:
             return
@@ -307,13 +313,14 @@ class Collectives:
                 self.qp_comm[q], self.qp_rule[q] = alive[0], "nccl-thread"
 
     # ---- attribution ---------------------------------------------------------------------------------------
-    def attribute(self, ops, op_completion, wc_tsc):
+    def attribute(self, ops, op_completion, wc_tsc, receiving=()):
         """``ops["collective_id"]`` / ``ops["collective_unit"]`` (base columns, -1 where not attributed); the
         units (attribution units: one call, a group's calls, or calls merged while in flight).  Three steps,
         so that the cluster report runs the two per-operation ones next to each process's operations:
-        ``unit_stats`` (per operation), ``merge_units`` (per communicator), ``label_ops`` (per operation)."""
-        self.merge_units([self.unit_stats(ops, op_completion, wc_tsc)])
-        ops["collective_id"], ops["collective_unit"] = self.label_ops(ops)
+        ``unit_stats`` (per operation), ``merge_units`` (per communicator), ``label_ops`` (per operation).
+        ``receiving``: the QPs that posted receives (``receiving_qps``)."""
+        self.merge_units([self.unit_stats(ops, op_completion, wc_tsc, receiving)])
+        ops["collective_id"], ops["collective_unit"] = self.label_ops(ops, receiving)
 
     def _plan(self):
         """Per communicator with executed calls: (calls in time order, each call's unit before merging, the
@@ -334,12 +341,45 @@ class Collectives:
         self._unit_plan = plan
         return plan
 
-    def _op_units(self, ops):
-        """(operation rows, communicator, unit before merging) of the operations inside a unit's window."""
+    def _peer_starts(self, c_i, c_j):
+        """The units' window starts of communicator instance c_i on a QP whose work needs the peer's matching
+        call (a sending QP of NCCL's net transport, its peer's instance c_j): per unit the later of its own
+        first call and the peer's earliest call of the same cross-rank instances.  None where the bound does
+        not apply: another communicator, no call joined, or another node (no common clock before the clocks
+        are refined)."""
+        cache = self.__dict__.setdefault("_peer_plan", {})
+        if (c_i, c_j) in cache:
+            return cache[(c_i, c_j)]
+        plan, res = self._plan(), None
+        a, b = self.comms[c_i], self.comms[c_j]
+        if (c_j != c_i and c_j in plan and a["joinable"] and b["joinable"] and a["key"] == b["key"]
+                and a["process"] != b["process"] and self.node_of[a["process"]] == self.node_of[b["process"]]):
+            calls, src_unit, starts, _ = plan[c_i]
+            theirs = plan[c_j][0]
+            ok = self.instance[theirs] >= 0
+            t_of = dict(zip(self.instance[theirs][ok].tolist(), self.tsc[theirs][ok].astype(np.int64).tolist()))
+            peer = np.full(len(starts), -1, np.int64)
+            for k, u in zip(calls.tolist(), src_unit.tolist()):
+                t = t_of.get(int(self.instance[k]))
+                if t is not None and (peer[u] < 0 or t < peer[u]):
+                    peer[u] = t
+            if (peer >= 0).any():
+                res = np.maximum.accumulate(np.maximum(starts, peer))
+        cache[(c_i, c_j)] = res
+        return res
+
+    def _op_units(self, ops, receiving=()):
+        """(communicator, operation rows, their units before merging, the window starts they were placed by)
+        of the operations inside a unit's window: by the communicator's call times, or on a sending QP (one
+        that posts no receives, connected to a QP of the same communicator in another process of the node)
+        by the later of the two ranks' calls (docs/schema.md)."""
         q = np.asarray(ops["qp_id"]).astype(np.int64)
         no = len(q)
         op_comm = np.where(q >= 0, self.qp_comm[np.where(q >= 0, q, len(self.qp_comm) - 1)], -1) if no else \
             np.zeros(0, np.int64)
+        recv = np.zeros(len(self.qp_comm), bool)
+        rq = np.asarray(receiving, np.int64)
+        recv[rq[(rq >= 0) & (rq < len(recv))]] = True
         plan = self._plan()
         for c_i in np.unique(op_comm[op_comm >= 0]).tolist():
             if c_i not in plan:
@@ -347,36 +387,51 @@ class Collectives:
             _, _, starts, end = plan[c_i]
             sel = np.flatnonzero(op_comm == c_i)
             t = ops["tsc"][sel].astype(np.int64)
-            u = np.searchsorted(starts, t, "right") - 1
-            keep = (u >= 0) & (t <= end)
-            yield c_i, sel[keep], u[keep]
+            by = {}                                   # window starts -> positions in sel
+            qs = q[sel]
+            for qq in np.unique(qs).tolist():
+                r = int(self.qp_remote[qq]) if qq < len(self.qp_remote) else -1
+                ps = None
+                if not recv[qq] and r >= 0 and self.qp_comm[r] >= 0:
+                    ps = self._peer_starts(c_i, int(self.qp_comm[r]))
+                key = id(ps) if ps is not None else 0
+                by.setdefault(key, (ps if ps is not None else starts, []))[1].append(np.flatnonzero(qs == qq))
+            for st_, pos in by.values():
+                pos = np.concatenate(pos)
+                u = np.searchsorted(st_, t[pos], "right") - 1
+                keep = (u >= 0) & (t[pos] <= end)
+                yield c_i, sel[pos[keep]], u[keep], st_
 
-    def unit_stats(self, ops, op_completion, wc_tsc):
-        """Per communicator, per unit before merging: operations, work requests, bytes, first / last post and
-        last completion (tsc of the unit's process; -1 / _END when none) of these operations.  Counts and sums
-        add up and the extremes combine across parts of the operations (``merge_units`` takes a list)."""
+    def unit_stats(self, ops, op_completion, wc_tsc, receiving=()):
+        """Per communicator, per unit before merging: operations, work requests, bytes, first / last post, last
+        completion (tsc of the unit's process; -1 / _END when none) and ``reach`` (the latest unit whose window
+        had begun, on the operation's QP, when one of these operations completed) of these operations.  Counts
+        and sums add up and the extremes combine across parts of the operations (``merge_units`` takes a
+        list)."""
         comp = np.asarray(op_completion, np.int64)
         out = {}
-        for c_i, sel, u in self._op_units(ops):
+        for c_i, sel, u, starts in self._op_units(ops, receiving):
             nu = len(self._plan()[c_i][2])
             c_tsc = np.full(len(sel), -1, np.int64)
             cs = comp[sel]
             has = cs >= 0
             if has.any():
                 c_tsc[has] = np.asarray(wc_tsc, np.uint64)[cs[has]].astype(np.int64)
+            reach = np.where(has, np.searchsorted(starts, c_tsc, "left") - 1, -1)
             t = ops["tsc"][sel].astype(np.int64)
-            first = np.full(nu, _END, np.int64)
-            last = np.full(nu, -1, np.int64)
-            comp_mx = np.full(nu, -1, np.int64)
-            np.minimum.at(first, u, t)
-            np.maximum.at(last, u, t)
-            np.maximum.at(comp_mx, u, c_tsc)
-            wrs = np.zeros(nu, np.int64)
-            nb = np.zeros(nu, np.int64)
-            np.add.at(wrs, u, ops["num_wr"][sel].astype(np.int64))
-            np.add.at(nb, u, ops["bytes"][sel].astype(np.int64))
-            out[c_i] = dict(ops=np.bincount(u, minlength=nu).astype(np.int64), wrs=wrs, bytes=nb, first=first,
-                            last=last, comp=comp_mx)
+            d = out.get(c_i)
+            if d is None:
+                d = out[c_i] = dict(ops=np.zeros(nu, np.int64), wrs=np.zeros(nu, np.int64),
+                                    bytes=np.zeros(nu, np.int64), first=np.full(nu, _END, np.int64),
+                                    last=np.full(nu, -1, np.int64), comp=np.full(nu, -1, np.int64),
+                                    reach=np.full(nu, -1, np.int64))
+            np.add.at(d["ops"], u, 1)
+            np.minimum.at(d["first"], u, t)
+            np.maximum.at(d["last"], u, t)
+            np.maximum.at(d["comp"], u, c_tsc)
+            np.maximum.at(d["reach"], u, reach)
+            np.add.at(d["wrs"], u, ops["num_wr"][sel].astype(np.int64))
+            np.add.at(d["bytes"], u, ops["bytes"][sel].astype(np.int64))
         return out
 
     def merge_units(self, parts):
@@ -398,8 +453,8 @@ class Collectives:
                 for k in ("ops", "wrs", "bytes"):
                     s[k] += d[k]
                 s["first"] = np.minimum(s["first"], d["first"])
-                s["last"] = np.maximum(s["last"], d["last"])
-                s["comp"] = np.maximum(s["comp"], d["comp"])
+                for k in ("last", "comp", "reach"):
+                    s[k] = np.maximum(s[k], d[k])
         units, self._gunit, self._gcid = [], {}, {}
         tot = dict(ops=[], wrs=[], bytes=[], first=[], last=[], comp=[])
         for c_i, (calls, src_unit, starts, _) in self._plan().items():
@@ -407,8 +462,9 @@ class Collectives:
             nu = len(starts)
             s = stats.get(c_i) or dict(ops=np.zeros(nu, np.int64), wrs=np.zeros(nu, np.int64),
                                        bytes=np.zeros(nu, np.int64), first=np.full(nu, _END, np.int64),
-                                       last=np.full(nu, -1, np.int64), comp=np.full(nu, -1, np.int64))
-            mx, n_in = s["comp"], s["ops"]
+                                       last=np.full(nu, -1, np.int64), comp=np.full(nu, -1, np.int64),
+                                       reach=np.full(nu, -1, np.int64))
+            reach, n_in = s["reach"], s["ops"]
             moves = np.zeros(nu, bool)
             np.logical_or.at(moves, src_unit, (self.count[calls] * DT_SIZE[self.dt[calls] & 0xFF] > 0)
                              & (c["nranks"] > 1))
@@ -416,11 +472,11 @@ class Collectives:
             merged_id = np.zeros(nu, np.int64)
             cur, hi, pending = 0, -1, False
             for k in range(nu):
-                if k > 0 and not (pending or hi > starts[k]):
+                if k > 0 and not (pending or hi >= k):
                     cur += 1
                     hi = -1
                 merged_id[k] = cur
-                hi = max(hi, int(mx[k]))
+                hi = max(hi, int(reach[k]))
                 pending = bool(empty[k])
             base = len(units)
             for m in range(cur + 1):
@@ -444,13 +500,13 @@ class Collectives:
         self.u_first, self.u_last, self.u_comp = (np.array(tot[k], np.int64) for k in ("first", "last", "comp"))
         self.u_first[self.u_first == _END] = -1
 
-    def label_ops(self, ops):
+    def label_ops(self, ops, receiving=()):
         """(collective_id, collective_unit) of each operation (int32, -1 where not attributed), after
-        ``merge_units``."""
+        ``merge_units``; ``receiving`` as for ``unit_stats``."""
         no = len(ops["tsc"])
         op_cid = np.full(no, -1, np.int32)
         op_unit = np.full(no, -1, np.int32)
-        for c_i, sel, u in self._op_units(ops):
+        for c_i, sel, u, _ in self._op_units(ops, receiving):
             op_unit[sel] = self._gunit[c_i][u]
             op_cid[sel] = self._gcid[c_i][u]
         return op_cid, op_unit
@@ -555,6 +611,15 @@ class Collectives:
             cuda_dev=np.array([c["cuda_dev"] for c in self.comms], np.int64),
             qps=np.asarray(self.comm_qps, np.int64) if nc else np.zeros(0, np.int64), calls=calls)
         return coll, comms
+
+
+def receiving_qps(post_recv, topo):
+    """The QPs that posted receive work requests (IBV_POST_RECV records): the receiving ends of NCCL's net
+    connections, whose work (the receive-buffer announcements) needs only their own rank's call."""
+    if not len(post_recv["tsc"]) or not topo.n:
+        return np.zeros(0, np.int64)
+    q = topo.of(post_recv["process"].astype(np.int32), post_recv["qpn"])
+    return np.unique(q[q >= 0]).astype(np.int64)
 
 
 def empty_attribution(ops):

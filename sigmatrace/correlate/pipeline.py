@@ -123,8 +123,8 @@ def _build(out, st, procs, clock_refine, refine_windows, progress):
     trim()
     memtrace("matched")
     # NCCL: which QPs are a communicator's, which work requests each collective caused (docs/schema.md)
-    coll = collectives.Collectives(out, st, procs, topo, tables["threads"])
-    coll.attribute(op_base, m.op_completion, m.wc_tsc)
+    coll = collectives.Collectives(out, st, procs, topo, tables["threads"], node_of)
+    coll.attribute(op_base, m.op_completion, m.wc_tsc, collectives.receiving_qps(st.table("IBV_POST_RECV"), topo))
     memtrace("collectives")
     # F24b: refine the clocks from matched operations, then every time column on the final time base
     pairs = clock.matched_pairs(op_base, m, node_of, ranks, topo.remote, to_ns, topo.process)

@@ -16,6 +16,7 @@ DEFAULT_BATCH_RECORDS = 1 << 18
 CORRELATOR_TYPES = ("DROPS", "DB_HIJACK_INSTALL", "IBV_CREATE_QP", "MLX5_DEVX_OBJ_CREATE", "IBV_MODIFY_QP", "IBV_CREATE_AH",
                     "MLX5_DEVX_OBJ_MODIFY", "DB_DOORBELL", "DB_WQE", "DB_WQE_LOST", "IBV_SEND_WR", "IBV_POST_SEND",
                     "IBV_WR_COMPLETE", "IBV_WC",
+                    "IBV_POST_RECV",   # which QPs post receives (correlate.collectives.receiving_qps)
                     # UCX / libfabric identities and operations (correlate.hostlib)
                     "UCP_WORKER_CREATE", "UCP_EP_CREATE", "OFI_ENDPOINT", "OFI_AV_INSERT",
                     "UCP_PUT", "UCP_GET", "UCP_ATOMIC", "UCP_TAG_SEND", "UCP_STREAM_SEND", "UCP_AM_SEND",
@@ -32,6 +33,7 @@ _USED = {"IBV_WC": ("status", "opcode", "qpn", "wr_id", "byte_len"),
          "IBV_SEND_WR": ("opcode", "send_flags", "qpn", "wr_id", "raddr", "rkey", "bytes"),
          "IBV_POST_SEND": ("num_wr", "qpn", "bytes", "wr_id", "opcode"),
          "IBV_WR_COMPLETE": ("num_wr", "qpn", "bytes"),
+         "IBV_POST_RECV": ("qpn",),
          **{n: ("op", "ep", "bytes", "raddr") for n in ("UCP_PUT", "UCP_GET", "UCP_ATOMIC", "UCP_TAG_SEND",
                                                        "UCP_STREAM_SEND", "UCP_AM_SEND")},
          **{n: ("op", "ep", "bytes", "dest", "raddr") for n in ("OFI_SEND", "OFI_TSEND", "OFI_WRITE", "OFI_READ",

@@ -8,10 +8,15 @@ ring puts on the wire per rank follow from S and W (tests/test_gpu_nccl.py).  Tw
 like two hosts to NCCL through distinct NCCL_HOSTID values (native/tests/nccl/rank.sh sets them).
 
     python collectives.py [--sizes 1048576,16777216] [--iters 5] [--warmup 2] [--ops all_reduce,...]
+                          [--die RANK:OP:ITERATION]
+
+--die: that rank starts that iteration's collective and kills itself (SIGKILL) while it runs, so that the
+other rank is left inside the collective (tests/test_gpu_nccl.py, a rank killed mid-collective).
 """
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -28,6 +33,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--device", type=int, default=int(os.environ.get("SIGMATRACE_NCCL_DEVICE", "0")))
+    ap.add_argument("--die", default="", help="RANK:OP:ITERATION -- that rank dies inside that collective")
     ap.add_argument("--gt-dir", help="also write the ground truth to GT_DIR/gt-rank<R>.jsonl (the ranks share "
                                      "one stdout, where their lines can interleave)")
     a = ap.parse_args()
@@ -42,6 +48,8 @@ def main():
             n = size // 4                     # float32 elements
             times = []
             for it in range(a.warmup + a.iters):
+                if a.die == f"{rank}:{op}:{it}":
+                    die_inside(op, n, dev)
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 good = run(op, n, rank, world, dev)
@@ -64,6 +72,17 @@ def main():
         gt.write(json.dumps(dict(done=True, rank=rank, ok=ok)) + "\n")
         gt.close()
     return 0 if ok else 1
+
+
+def die_inside(op, n, dev):
+    """Start one all_reduce of n float32 elements, let NCCL's proxy begin moving it, and die (SIGKILL)."""
+    if op != "all_reduce":
+        raise SystemExit(f"--die supports all_reduce, not {op}")
+    x = torch.ones(n, device=dev)
+    dist.all_reduce(x, async_op=True)
+    time.sleep(0.05)
+    print(f"NCCL_DYING rank {os.environ['RANK']}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run(op, n, rank, world, dev):
