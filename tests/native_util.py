@@ -203,3 +203,14 @@ def serve_and_connect(server_argv, client_argv, env, settle, timeout=25, attempt
         if "Address already in use" not in sout + cli.stdout + cli.stderr:
             return (srv.returncode, sout), (cli.returncode, cli.stdout + cli.stderr)
     pytest.fail("could not get a free port")
+
+
+def restart_mps():
+    """A CUDA client killed while attached leaves the MPS server refusing new clients ("busy or unavailable",
+    CUDA error 807): restart the daemon, if one runs (run_nccl.sh / run_nvshmem.sh start it)."""
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if not ctl or subprocess.run(["pgrep", "-x", "nvidia-cuda-mps"], capture_output=True).returncode != 0:
+        return
+    subprocess.run([ctl], input="quit\n", text=True, capture_output=True, timeout=30)
+    time.sleep(1)
+    subprocess.run([ctl, "-d"], capture_output=True, timeout=30)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from native_util import restart_mps
 from sigmatrace import _native
 
 pytestmark = pytest.mark.gpu
@@ -86,18 +87,18 @@ def torchrun_argv(sizes=SIZES, iters=ITERS, warmup=WARMUP, ops=OPS, extra=()):
             "--iters", str(iters), "--warmup", str(warmup), "--ops", ",".join(ops), "--gt-dir", ".", *extra]
 
 
-def launch(tmp, mode, fabric, argv=None, timeout=400):
+def launch(tmp, mode, fabric, argv=None, timeout=400, env=None, tag=""):
     """(returncode, output, trace dir or None, stats dir) of one torchrun launch; mode None = untraced."""
-    stats = tmp / f"stats-{mode or 'untraced'}"
+    stats = tmp / f"stats-{mode or 'untraced'}{tag}"
     stats.mkdir()
     trace = None
     argv = argv or torchrun_argv()
     if mode:
-        trace = tmp / f"trace-{mode}"
+        trace = tmp / f"trace-{mode}{tag}"
         argv = [sys.executable, "-m", "sigmatrace", "run", "-o", str(trace), "--mode", mode, "--"] + argv
-    cwd = tmp / f"run-{mode or 'untraced'}"      # the ranks write their ground truth here (--gt-dir .)
+    cwd = tmp / f"run-{mode or 'untraced'}{tag}"      # the ranks write their ground truth here (--gt-dir .)
     cwd.mkdir()
-    r = subprocess.run(argv, env=nccl_env(fabric, stats), capture_output=True, text=True, timeout=timeout,
+    r = subprocess.run(argv, env=nccl_env(fabric, stats, env), capture_output=True, text=True, timeout=timeout,
                        cwd=str(cwd))
     (cwd / "output.txt").write_text(r.stdout + r.stderr)
     for p in Path("/dev/shm").glob(f"sigmatrace-emu.{fabric}.*"):
@@ -341,7 +342,12 @@ def test_killed_rank_mid_collective(tmp_path):
     if REASON:
         pytest.skip(REASON)
     argv = torchrun_argv(sizes=(16 << 20,), iters=20, warmup=2, ops=("all_reduce",), extra=("--die", "1:all_reduce:6"))
-    got = {m: launch(tmp_path, m, f"ncclk{os.getpid()}{m or 'u'}", argv=argv, timeout=300) for m in (None, "simple")}
+    got = {}
+    for m in (None, "simple"):
+        try:
+            got[m] = launch(tmp_path, m, f"ncclk{os.getpid()}{m or 'u'}", argv=argv, timeout=300)
+        finally:
+            restart_mps()          # the killed rank was an MPS client
     (rc_u, out_u, _, _), (rc_t, out_t, trace, _) = got[None], got["simple"]
     report = dict(rc_untraced=rc_u, rc_traced=rc_t, nccl_untraced=sorted(_nccl_errors(out_u)),
                   nccl_traced=sorted(_nccl_errors(out_t)))
@@ -363,3 +369,34 @@ def test_killed_rank_mid_collective(tmp_path):
     assert 1 in [e["rank"] for e in early], early
     e1 = next(e for e in early if e["rank"] == 1)
     assert e1["last_event_ns"] is not None, e1
+
+
+def test_consumer_process_writes_a_cuda_process_trace(tmp_path):
+    """The consumer process asked for explicitly (SIGMATRACE_WRITER=process) in processes that loaded the CUDA
+    driver before tracing started (torch: CUDA is initialised before NCCL's first verbs call): each rank's file
+    says the consumer wrote it, NCCL's results are right, and the bytes are the ring's, every one matched."""
+    if REASON:
+        pytest.skip(REASON)
+    from sigmatrace.correlate import correlate
+    from sigmatrace.format import read_capture
+    argv = torchrun_argv(sizes=(1 << 20, 16 << 20), ops=("all_reduce", "broadcast"))
+    rc, output, trace, run_dir = launch(tmp_path, "simple", f"ncclw{os.getpid()}", argv=argv,
+                                        env={"SIGMATRACE_WRITER": "process"}, tag="-consumer")
+    rows, done = ground_truth(run_dir)
+    assert rc == 0 and len(done) == 2 and all(d["ok"] for d in done), output[-4000:]
+    assert "SIGMATRACE_WRITER=process:" not in output, [l for l in output.splitlines() if "SIGMATRACE_WRITER" in l]
+    cap = read_capture(trace, errors="recover")
+    writers = {int(p.header["rank"]): (p.header.get("options") or {}).get("writer")
+               for p in cap.processes if p.header and p.header.get("rank") is not None and p.event_count}
+    assert writers.get(0) == writers.get(1) == "process", writers
+    corr = correlate(trace, workers=2)
+    P, O = corr.tables["processes"], corr.tables["ops"]
+    for i, rank in enumerate(P["rank"]):
+        if rank < 0 or not (O["process"] == i).any():
+            continue
+        mine = O["process"] == i
+        nb = O["bytes"][mine]
+        want = sum(ring_bytes(r["op"], r["bytes"], int(rank), r["world"]) * (r["iters"] + r["warmup"])
+                   for r in rows if r["rank"] == rank)
+        assert int(nb[nb > CONTROL_MAX].sum()) == want and bool(O["matched"][mine].all()), (int(rank), want)
+    print("NCCL_CONSUMER " + json.dumps(dict(writers=writers, ops=int(len(O["process"])))))

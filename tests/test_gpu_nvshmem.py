@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from native_util import restart_mps
 from sigmatrace import _native
 
 pytestmark = pytest.mark.gpu
@@ -223,17 +224,6 @@ def snapshot(pid):
                     lines.append(f"{tool[0]} timed out")
                 break
     return "\n".join(lines)
-
-
-def restart_mps():
-    """A client killed while attached leaves the MPS server refusing new clients ("busy or unavailable"):
-    restart the daemon, if one runs (run_nvshmem.sh starts it)."""
-    ctl = shutil.which("nvidia-cuda-mps-control")
-    if not ctl or subprocess.run(["pgrep", "-x", "nvidia-cuda-mps"], capture_output=True).returncode != 0:
-        return
-    subprocess.run([ctl], input="quit\n", text=True, capture_output=True, timeout=30)
-    time.sleep(1)
-    subprocess.run([ctl, "-d"], capture_output=True, timeout=30)
 
 
 def lat_lines(text):

@@ -17,9 +17,9 @@ fi
 trap '[ "$MPS_STARTED" = 1 ] && echo quit | nvidia-cuda-mps-control || true' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 rc=0
-PYTHONPATH="$ROOT:$ROOT/sim" python3 -m pytest -m gpu tests/test_gpu_nccl.py -q -rs -p no:cacheprovider -s || rc=$?
+PYTHONPATH="$ROOT:$ROOT/sim${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -m gpu tests/test_gpu_nccl.py -q -rs -p no:cacheprovider -s ${PYTEST_ARGS:-} || rc=$?
 if [ "${BENCH:-1}" != "0" ]; then
-  PYTHONPATH="$ROOT:$ROOT/sim" python3 benchmarks/bench_nccl.py --rounds "${ROUNDS:-5}" --iters "${ITERS:-20}" \
+  PYTHONPATH="$ROOT:$ROOT/sim${PYTHONPATH:+:$PYTHONPATH}" python3 benchmarks/bench_nccl.py --rounds "${ROUNDS:-5}" --iters "${ITERS:-20}" \
     --out "${OUT:-build/dev}/bench_nccl.json" || rc=$?
 fi
 exit "$rc"
