@@ -348,3 +348,21 @@ def test_ud_datagrams_equal_local(tmp_path, client):
     q = f"select count(*), sum(matched::int) from read_parquet('{cluster}/tables/ops/*.parquet')"
     (n, matched), = duckdb.sql(q).fetchall()
     assert n >= 40 and matched == n
+
+
+def test_nccl_collectives_equal_local(tmp_path, client, fabric):
+    """NCCL calls over the fake NCCL's net transport (sending and receiving QPs, a rank running ahead of its
+    proxy): the communicators, calls and their attributed work requests -- the receiving QPs are found per
+    process next to its operations -- are the cluster report's as the local report's."""
+    import test_tracer_nccl as N
+    for mark in N.pytestmark:
+        if mark.name == "skipif" and mark.args[0]:
+            pytest.skip(mark.kwargs["reason"])
+    _, trace, _ = N.run_ranks(tmp_path, fabric, "full", ops=("broadcast", "send_recv", "all_reduce", "group"),
+                              iters=4, count=16 * 1024, args=("--nowait-rank", "0"), extra={"FAKE_NCCL_NET": "ib"})
+    local, cluster = _both(trace, tmp_path, client)
+    _same_report(local, cluster)
+    import duckdb
+    q = f"select count(*), sum((collective_unit >= 0)::int) from read_parquet('{cluster}/tables/ops/*.parquet')"
+    (n, attributed), = duckdb.sql(q).fetchall()
+    assert n > 0 and attributed == n

@@ -342,3 +342,51 @@ def test_qps_created_by_the_proxy_thread(tmp_path, fabric, connect, rule):
         units = np.unique(C["unit"][mine])
         first = [int(np.flatnonzero(C["unit"] == u)[0]) for u in units]
         assert sorted(int(C["wire_bytes"][i]) for i in first) == sorted(i["wire_bytes"] for i in g["items"])
+
+
+@pytest.mark.parametrize("mode", ["simple", "full"])
+def test_root_running_ahead_keeps_each_call_on_a_sending_qp(tmp_path, fabric, mode):
+    """NCCL's net transport (FAKE_NCCL_NET=ib: a sending QP without receives and a receiving QP per peer, the
+    receiver's clear-to-send write at the start of each call) with rank 0 not waiting for its calls: it only
+    sends in these operations (a broadcast / scatter root, the sender of send_recv, a reduce leaf), so its
+    calls are all made before its proxy has posted much.  A sending QP's window begins at the later of the two
+    ranks' calls (docs/schema.md, rule 4), so each of rank 0's calls keeps exactly its own work requests and
+    bytes on the wire (the fake's ground truth per proxy item) -- in full mode units may merge where a
+    completion shows the overlap, and then hold exactly their items' sum."""
+    ops = ("broadcast", "bcast", "scatter", "reduce", "send_recv")
+    res, out, gt = run_ranks(tmp_path, fabric, mode, ops=ops, iters=6, count=64 * 1024,
+                             args=("--nowait-rank", "0"), extra={"FAKE_NCCL_NET": "ib"})
+    from sigmatrace.correlate import correlate
+    c = correlate(out, workers=1)
+    C, O, Q, P = (c.tables[n] for n in ("collectives", "ops", "qps", "processes"))
+    assert len(Q["qp_id"]) == 4 and (Q["comm"] >= 0).all()
+    assert (O["collective_unit"] >= 0).all(), "a work request not attributed"
+    ex = C["seq"] >= 0
+    fseq = _fake_seq(C, ex)
+    truth = ground_truth(gt)
+    pid = {int(p): i for i, p in enumerate(P["pid"])}
+    ahead = 0
+    for (p, _), g in truth.items():
+        proc = pid[p]
+        mine = np.flatnonzero((C["process"] == proc) & ex)
+        by_seq = {int(fseq[i]): i for i in mine}
+        calls = np.sort(C["call_ns"][mine])
+        per_unit = Counter()
+        for item in g["items"]:
+            (o,) = item["item"]
+            r = by_seq[o["seq"]]
+            per_unit[int(C["unit"][r])] += item["wire_bytes"]
+            if mode == "simple" or C["attribution"][r] == "window":
+                assert C["attribution"][r] == "window" and int(C["wire_bytes"][r]) == item["wire_bytes"] \
+                    and int(C["wrs"][r]) == item["wrs"], (P["rank"][proc], item, int(C["wire_bytes"][r]))
+            later = calls[calls > C["call_ns"][r]]
+            if len(later) and C["first_wr_ns"][r] > later[0]:
+                ahead += 1                # its work began after this rank's next call
+        for u, want in per_unit.items():
+            r = int(np.flatnonzero(C["unit"] == u)[0])
+            assert int(C["wire_bytes"][r]) == want, (u, int(C["wire_bytes"][r]), want)
+    one = O["collective_id"] >= 0
+    np.testing.assert_array_equal(fseq[O["collective_id"][one]], (O["wr_id"] >> 20)[one])
+    if mode == "simple":
+        assert one.all()
+    assert ahead >= 10, f"rank 0 did not run ahead of its proxy ({ahead} calls)"

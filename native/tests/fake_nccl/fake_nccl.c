@@ -18,13 +18,19 @@
  * RDMA_WRITE_WITH_IMM from a registered staging area into the peer's receive area for this sender; flow
  * control: at the end of an item a receiver acknowledges every peer it received from (an 8-byte
  * RDMA_WRITE_WITH_IMM, imm bit 31), and a sender waits for that acknowledgement before it writes to the
- * peer's area again.  wr_id = (operation sequence number << 20) | WR counter, so a test can tell from a
+ * peer's area again.  FAKE_NCCL_NET=ib is NCCL's net transport instead: two QPs per peer, a sending one
+ * (its writes with immediate consume the peer's receives; no receive posted on it) and a receiving one
+ * (receives posted); at the start of each item a rank announces to every peer it receives from in the
+ * item that its area is free for this item (an 8-byte RDMA_WRITE, no immediate, on the receiving QP into the peer's memory: NCCL's
+ * clear-to-send FIFO entry), and a sender writes an item's data only after the receiver's announcement
+ * of that item -- so a receiver's data cannot come before the receiver's own call.  wr_id = (operation sequence number << 20) | WR counter, so a test can tell from a
  * work request which operation posted it.
  *
  * Ground truth ($FAKE_NCCL_GT_DIR/gt-<token>-r<rank>.jsonl): the communicator's QPs, then per executed
  * proxy item its operations (sequence numbers, kind, count, bytes) and the work requests and bytes it
  * posted.  Environment: FAKE_NCCL_DIR (rendezvous, default /tmp), FAKE_NCCL_GT_DIR (no file without),
- * FAKE_NCCL_CAP (bytes of each per-peer area, default 2 MiB), FAKE_NCCL_CONNECT (init | call | async).
+ * FAKE_NCCL_CAP (bytes of each per-peer area, default 2 MiB), FAKE_NCCL_CONNECT (init | call | async),
+ * FAKE_NCCL_NET (plain | ib).
  *
  * Over 600 lines: a test library standing in for libnccl.so.2 (communicators, proxy thread,
  * algorithms, ground-truth log) as one shared object, like the library it stands for.
@@ -83,6 +89,7 @@ struct peer {
 	struct ibv_cq *cq;
 	uint64_t raddr; /* my area in the peer's memory */
 	uint32_t rkey;
+	struct ibv_qp *rqp; /* FAKE_NCCL_NET=ib: the receiving QP (pe->qp then only sends) */
 	char *stage, *area; /* staging of what I send it; where it writes to me */
 	uint64_t data_in, data_used;
 	int unacked, sent, got, sends_out;
@@ -109,6 +116,8 @@ struct ncclComm {
 	FILE *gt;
 	int connect_mode; /* FAKE_NCCL_CONNECT: 0 init, 1 call (the proxy, first call waits), 2 async (the proxy) */
 	int connected;    /* 1 done, -1 failed */
+	int net_ib;       /* FAKE_NCCL_NET=ib: NCCL's net transport (sending / receiving QPs, clear-to-send) */
+	uint64_t items;   /* items started: the clear-to-send value of the current one */
 	struct ibv_port_attr port;
 };
 
@@ -117,6 +126,8 @@ static const char *env_or(const char *name, const char *dflt)
 	const char *v = getenv(name);
 	return v && *v ? v : dflt;
 }
+
+#define MOD(x) ((((x) % n) + n) % n) /* a rank index around the ring of n ranks */
 
 /* ---- transfers (proxy thread) ----------------------------------------------------------------------- */
 static int poll_peer(struct ncclComm *c, int p)
@@ -138,7 +149,7 @@ static int poll_peer(struct ncclComm *c, int p)
 			else
 				pe->data_in++;
 			struct ibv_recv_wr rw = {.wr_id = 0, .num_sge = 0}, *bad;
-			if (ibv_post_recv(pe->qp, &rw, &bad))
+			if (ibv_post_recv(c->net_ib ? pe->rqp : pe->qp, &rw, &bad))
 				return -1;
 		} else {
 			pe->sends_out--;
@@ -164,7 +175,12 @@ static int post_write(struct ncclComm *c, int p, const void *src, size_t len, in
 		len = ACK_BYTES;
 		memset(pe->stage + off, 0xac, ACK_BYTES);
 	} else {
-		if (!pe->sent) { /* the peer has consumed what I wrote in my previous item */
+		if (!pe->sent && c->net_ib) { /* the peer announced its area free for this item (in its own call) */
+			while (__atomic_load_n((uint64_t *)(pe->area + c->cap - ACK_BYTES), __ATOMIC_ACQUIRE) < c->items)
+				if (poll_peer(c, p))
+					return -1;
+			pe->sent = 1;
+		} else if (!pe->sent) { /* the peer has consumed what I wrote in my previous item */
 			while (pe->unacked)
 				if (poll_peer(c, p))
 					return -1;
@@ -192,6 +208,55 @@ static int post_write(struct ncclComm *c, int p, const void *src, size_t len, in
 	pe->sends_out++;
 	c->item_wrs++;
 	c->item_bytes += len;
+	return 0;
+}
+
+/* Whether an operation of this rank receives from peer p (the algorithms of run_op): NCCL's receiver
+ * announces its buffers only to the peers it receives from. */
+static int receives_from(const struct ncclComm *c, const struct op *o, int p)
+{
+	int n = c->nranks, r = c->rank, prev = MOD(r - 1);
+	switch (o->kind) {
+	case K_ALL_REDUCE:
+	case K_ALL_GATHER:
+	case K_REDUCE_SCATTER:
+		return p == prev;
+	case K_BROADCAST:
+		return r != o->root && p == prev;
+	case K_REDUCE:
+		return MOD(r - o->root - 1) > 0 && p == prev;
+	case K_ALL_TO_ALL:
+		return 1;
+	case K_GATHER:
+		return r == o->root;
+	case K_SCATTER:
+		return r != o->root && p == o->root;
+	case K_RECV:
+		return p == o->root;
+	}
+	return 0;
+}
+
+/* FAKE_NCCL_NET=ib: tell peer p that my area for it is free for the current item (clear-to-send). */
+static int post_clear_to_send(struct ncclComm *c, int p)
+{
+	struct peer *pe = &c->peers[p];
+	size_t off = c->cap - ACK_BYTES;
+	memcpy(pe->stage + off, &c->items, sizeof(c->items));
+	while (pe->sends_out >= SEND_DEPTH - 1)
+		if (poll_peer(c, p))
+			return -1;
+	struct ibv_sge sge = {.addr = (uintptr_t)(pe->stage + off), .length = ACK_BYTES, .lkey = c->mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = (c->cur_seq << 20) | (c->wr_counter++ & 0xfffff), .sg_list = &sge,
+				 .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+	wr.wr.rdma.remote_addr = pe->raddr + off;
+	wr.wr.rdma.rkey = pe->rkey;
+	struct ibv_send_wr *bad;
+	if (ibv_post_send(pe->rqp, &wr, &bad))
+		return -1;
+	pe->sends_out++;
+	c->item_wrs++;
+	c->item_bytes += ACK_BYTES;
 	return 0;
 }
 
@@ -280,7 +345,6 @@ static int reducible(int dt)
 }
 
 /* ---- the algorithms ---------------------------------------------------------------------------------- */
-#define MOD(x) ((((x) % n) + n) % n)
 
 /* n - 1 steps around the ring, starting with chunk `first`: send chunk cs to the next rank, receive
  * chunk cr from the previous one and reduce it into buf (reduce-scatter, dt/redop) or copy it there
@@ -433,11 +497,22 @@ static int run_item(struct ncclComm *c, struct item *it)
 	c->item_wrs = c->item_bytes = 0;
 	for (int i = 0; i < it->nops; i++)
 		p2p &= it->ops[i].kind == K_SEND || it->ops[i].kind == K_RECV;
+	if (c->net_ib) {
+		c->items++;
+		c->cur_seq = it->nops ? it->ops[0].seq : 0;
+		for (int p = 0; p < n && !bad; p++) {
+			int from = 0;
+			for (int i = 0; i < it->nops; i++)
+				from |= p != c->rank && receives_from(c, &it->ops[i], p);
+			if (from)
+				bad = post_clear_to_send(c, p);
+		}
+	}
 	for (int pass = 0; pass < (p2p ? 2 : 1) && !bad; pass++)
 		for (int i = 0; i < it->nops && !bad; i++)
 			if (!p2p || (pass == 0) == (it->ops[i].kind == K_SEND))
 				bad = run_op(c, &it->ops[i]);
-	for (int p = 0; p < n && !bad; p++)
+	for (int p = 0; p < n && !bad && !c->net_ib; p++)
 		if (p != c->rank && c->peers[p].got)
 			bad = post_write(c, p, NULL, 0, 1);
 	for (int p = 0; p < n && !bad; p++)
@@ -524,6 +599,8 @@ static void comm_free(struct ncclComm *c)
 	for (int p = 0; c->peers && p < c->nranks; p++) {
 		if (c->peers[p].qp)
 			ibv_destroy_qp(c->peers[p].qp);
+		if (c->peers[p].rqp)
+			ibv_destroy_qp(c->peers[p].rqp);
 		if (c->peers[p].cq)
 			ibv_destroy_cq(c->peers[p].cq);
 	}
@@ -560,14 +637,16 @@ static int comm_connect(struct ncclComm *c)
 						      .max_send_sge = 1, .max_recv_sge = 1}};
 		if (!pe->cq || !(pe->qp = ibv_create_qp(c->pd, &qa)) || rc_to_init(pe->qp))
 			return -1;
+		if (c->net_ib && (!(pe->rqp = ibv_create_qp(c->pd, &qa)) || rc_to_init(pe->rqp)))
+			return -1;
 		for (int i = 0; i < RECV_DEPTH; i++) {
 			struct ibv_recv_wr rw = {.wr_id = 0, .num_sge = 0}, *bad;
-			if (ibv_post_recv(pe->qp, &rw, &bad))
+			if (ibv_post_recv(c->net_ib ? pe->rqp : pe->qp, &rw, &bad))
 				return -1;
 		}
 		snprintf(name, sizeof(name), "%s.%d.%d", token, rank, p);
-		snprintf(text, sizeof(text), "%u %u %llu %u", c->port.lid, pe->qp->qp_num,
-			 (unsigned long long)(uintptr_t)pe->area, c->mr->rkey);
+		snprintf(text, sizeof(text), "%u %u %u %llu %u", c->port.lid, pe->qp->qp_num,
+			 pe->rqp ? pe->rqp->qp_num : 0u, (unsigned long long)(uintptr_t)pe->area, c->mr->rkey);
 		if (xchg_put(dir, name, text))
 			return -1;
 	}
@@ -575,17 +654,19 @@ static int comm_connect(struct ncclComm *c)
 		if (p == rank)
 			continue;
 		struct peer *pe = &c->peers[p];
-		unsigned lid, qpn, rkey;
+		unsigned lid, qpn, rqpn, rkey;
 		unsigned long long raddr;
 		snprintf(name, sizeof(name), "%s.%d.%d", token, p, rank);
 		if (xchg_get(dir, name, text, sizeof(text), XCHG_TIMEOUT) ||
-		    sscanf(text, "%u %u %llu %u", &lid, &qpn, &raddr, &rkey) != 4) {
+		    sscanf(text, "%u %u %u %llu %u", &lid, &qpn, &rqpn, &raddr, &rkey) != 5) {
 			fprintf(stderr, "fake nccl: rank %d: no address from rank %d\n", rank, p);
 			return -1;
 		}
 		pe->raddr = raddr;
 		pe->rkey = rkey;
-		if (rc_to_rtr_rts(pe->qp, qpn, (uint16_t)lid, 1))
+		/* net_ib: my sending QP to its receiving one, my receiving QP to its sending one */
+		if (rc_to_rtr_rts(pe->qp, c->net_ib ? rqpn : qpn, (uint16_t)lid, 1) ||
+		    (c->net_ib && rc_to_rtr_rts(pe->rqp, qpn, (uint16_t)lid, 1)))
 			return -1;
 	}
 	snprintf(name, sizeof(name), "%s.%d.ready", token, rank);
@@ -604,9 +685,12 @@ static int comm_connect(struct ncclComm *c)
 		if (c->gt) {
 			fprintf(c->gt, "{\"init\": true, \"token\": \"%s\", \"rank\": %d, \"nranks\": %d, \"qpns\": [", token,
 				rank, nranks);
-			for (int p = 0, k = 0; p < nranks; p++)
+			for (int p = 0, k = 0; p < nranks; p++) {
 				if (p != rank)
 					fprintf(c->gt, "%s%u", k++ ? ", " : "", c->peers[p].qp->qp_num);
+				if (p != rank && c->peers[p].rqp)
+					fprintf(c->gt, ", %u", c->peers[p].rqp->qp_num);
+			}
 			fprintf(c->gt, "], \"pid\": %d}\n", (int)getpid());
 			fflush(c->gt);
 		}
@@ -636,6 +720,7 @@ static ncclResult_t comm_init(struct ncclComm **out, const char *token, int nran
 	c->cap = (size_t)strtoull(env_or("FAKE_NCCL_CAP", "2097152"), NULL, 0);
 	const char *how = env_or("FAKE_NCCL_CONNECT", "init");
 	c->connect_mode = !strcmp(how, "call") ? 1 : !strcmp(how, "async") ? 2 : 0;
+	c->net_ib = !strcmp(env_or("FAKE_NCCL_NET", "plain"), "ib");
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_cond_init(&c->cv, NULL);
 	int ndev = 0;

@@ -2,11 +2,12 @@
  * nccl_client.c -- one rank of an NCCL program, for the NCCL provider's tests (tests/test_tracer_nccl.py):
  * built against fake_nccl.h, run over the fake libnccl.so.2 on the emulated HCA.
  *
- *   nccl_client RANK NRANKS DIR [--ops LIST] [--iters N] [--count N] [--nowait]
+ *   nccl_client RANK NRANKS DIR [--ops LIST] [--iters N] [--count N] [--nowait | --nowait-rank R]
  *
  * Rank 0 makes the unique id and hands it to the others through DIR (as MPI would broadcast it); every
  * rank creates the communicator, runs each operation of LIST --iters times on --count float32 elements,
- * waits for it (fakeNcclWait: the stream synchronize) unless --nowait, checks the result and prints one
+ * waits for it (fakeNcclWait: the stream synchronize) unless --nowait (or --nowait-rank R and this is rank R:
+ * a broadcast root running ahead of its proxy, as NCCL's does), checks the result and prints one
  * line per call: the operation, the iteration, NCCL's result and a checksum of what it received -- the
  * same lines traced and untraced.  Operations: all_reduce, broadcast, bcast, reduce, all_gather,
  * reduce_scatter, all_to_all, gather, scatter, send_recv (rank 0 -> 1, ungrouped), p2p_ring (a group of a
@@ -217,7 +218,7 @@ static void run(ncclComm_t comm, const char *op, int it, size_t n, int nowait)
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
-		fprintf(stderr, "usage: %s RANK NRANKS DIR [--ops LIST] [--iters N] [--count N] [--nowait]\n", argv[0]);
+		fprintf(stderr, "usage: %s RANK NRANKS DIR [--ops LIST] [--iters N] [--count N] [--nowait | --nowait-rank R]\n", argv[0]);
 		return 2;
 	}
 	rank = atoi(argv[1]);
@@ -234,6 +235,8 @@ int main(int argc, char **argv)
 			count = strtoull(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--nowait"))
 			nowait = 1;
+		else if (!strcmp(argv[i], "--nowait-rank") && i + 1 < argc)
+			nowait = atoi(argv[++i]) == rank;
 	}
 	ncclUniqueId id;
 	char hex[2 * NCCL_UNIQUE_ID_BYTES + 1];
