@@ -431,6 +431,10 @@ def test_fi_info_lists_the_emulated_device(fabric):
                        text=True, timeout=30)
     assert r.returncode == 0 and "prov_name: verbs" in r.stdout, r.stdout + r.stderr
     assert "src_addr: fi_sockaddr_in://127.0.0.1:0" in r.stdout   # "localhost" binds on LID 1's address
+    # another node's "localhost" is its own loopback address (Open MPI's MTL asks for no node at all)
+    r2 = subprocess.run([FI_INFO, "-p", "verbs", "-t", "FI_EP_MSG", "-v"], env=fi_env(fabric, 2),
+                        capture_output=True, text=True, timeout=30)
+    assert r2.returncode == 0 and "src_addr: fi_sockaddr_in://127.0.0.2:0" in r2.stdout, r2.stdout + r2.stderr
     r = subprocess.run([FI_INFO, "-p", "verbs;ofi_rxm", "-t", "FI_EP_RDM"], env=fi_env(fabric, 1),
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "provider: verbs;ofi_rxm" in r.stdout, r.stdout + r.stderr

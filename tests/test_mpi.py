@@ -70,13 +70,23 @@ SIZES = [1 << k for k in range(13) if MIN <= (1 << k) <= MAX]
 HEADER = {"verbs": 9, "mlx5": 10}
 
 
-def mpirun_argv(np_, fabric, tls, stats, extra_env=None, mca=()):
+# pml cm + mtl ofi over libfabric's verbs provider (RDM endpoints through ofi_rxm over verbs MSG endpoints,
+# connected through the emulated rdma_cm); the BTLs only for Open MPI's own out-of-band needs
+OFI_PROV = "verbs;ofi_rxm"
+OFI_MCA = ("--mca", "pml", "cm", "--mca", "mtl", "ofi", "--mca", "mtl_ofi_provider_include", OFI_PROV,
+           "--mca", "btl", "self,tcp", "--mca", "osc", "^ucx")
+RXM_HEADER = 64            # libfabric 1.17's ofi_rxm header in front of every eager message (docs/mpi.md)
+
+
+def mpirun_argv(np_, fabric, tls, stats, extra_env=None, mca=(), pml="ucx"):
     env = {"LD_LIBRARY_PATH": str(EMU_DIR), "SIGMATRACE_EMU_FABRIC": fabric, "ST_EMU_NS": str(EMU_NS),
            "UCX_TLS": tls, "UCX_NET_DEVICES": "mlx5_0:1", "UCX_WARN_UNUSED_ENV_VARS": "n",
            "SIGMATRACE_EMU_STATS": f"{stats}/emu-stats.%p.json", "PYTHONPATH": str(ROOT)}
+    if pml == "ofi":
+        env["FI_PROVIDER"] = OFI_PROV
     env.update(extra_env or {})
-    argv = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "--mca", "pml", "ucx",
-            "--mca", "btl", "^openib", "--mca", "osc", "^ucx", *mca]
+    base = OFI_MCA if pml == "ofi" else ("--mca", "pml", "ucx", "--mca", "btl", "^openib", "--mca", "osc", "^ucx")
+    argv = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np_), *base, *mca]
     for k, v in env.items():
         argv += ["-x", f"{k}={v}"]
     return argv
@@ -88,7 +98,7 @@ def base_env():
     return env
 
 
-def run_mpi(tmp, tls, trace=None, mode="full", prog=None, timeout=240):
+def run_mpi(tmp, tls, trace=None, mode="full", prog=None, timeout=240, pml="ucx"):
     stats = tmp / "stats"
     stats.mkdir(parents=True, exist_ok=True)
     fabric = new_fabric("mpi")
@@ -96,7 +106,7 @@ def run_mpi(tmp, tls, trace=None, mode="full", prog=None, timeout=240):
                     "-s", str(SKIP), "-l", str(LOOP)]
     tracer = [] if trace is None else [sys.executable, "-m", "sigmatrace", "run", "-o", str(trace), "--mode", mode,
                                        "--"]
-    argv = mpirun_argv(2, fabric, tls, stats) + tracer + [str(RANK_SH), *prog]
+    argv = mpirun_argv(2, fabric, tls, stats, pml=pml) + tracer + [str(RANK_SH), *prog]
     try:
         r = subprocess.run(argv, env=base_env(), capture_output=True, text=True, timeout=timeout, cwd=tmp)
     except subprocess.TimeoutExpired as e:
@@ -289,3 +299,65 @@ def test_one_rank_killed(tmp_path):
     assert int(r0.sum()) >= 20
     s = build_summary(corr)
     assert int(list(P["rank"]).index(1)) in s["losses"]["incomplete_processes"], s["losses"]
+
+
+# ---------------------------------------------------------------------------
+# pml cm + mtl ofi over libfabric's verbs provider (verbs;ofi_rxm)
+
+def _ofi_problem():
+    if MPI_PROBLEM:
+        return MPI_PROBLEM
+    r = subprocess.run(["ompi_info"], capture_output=True, text=True, timeout=60)
+    if "MCA mtl: ofi" not in r.stdout:
+        return "this Open MPI has no mtl ofi"
+    if not (EMU_DIR / "librdmacm.so.1").exists():
+        return "emulated librdmacm not built (rdma-core's <rdma/rdma_cma.h> missing)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def ofi_runs(tmp_path_factory):
+    why = _ofi_problem()
+    if why:
+        pytest.skip(why)
+    tmp = tmp_path_factory.mktemp("mpi-ofi")
+    plain, _ = run_mpi(tmp / "plain", "", pml="ofi")
+    trace = tmp / "trace"
+    traced, nic = run_mpi(tmp / "traced", "", trace=trace, pml="ofi")
+    return plain, traced, trace, nic
+
+
+@needs_emu
+@needs_mpi
+def test_mtl_ofi_over_verbs_pingpong(ofi_runs):
+    """mpi4py's pingpong over Open MPI's mtl ofi on libfabric's verbs;ofi_rxm (the emulated rdma_cm connects
+    the verbs MSG endpoints; each rank binds its own node's address for Open MPI's "no node" lookup), untraced
+    and traced: the same sound output; ranks 0 and 1 from Open MPI's variables; every libfabric send and every
+    verbs work request matched to the other rank; per rank and MPI size, SKIP + LOOP libfabric tagged sends of
+    exactly that size, each one verbs SEND of that size + ofi_rxm's 64-byte header, and the traced verbs SENDs
+    (count and bytes) equal to what the emulated NIC executed."""
+    plain, traced, trace, nic = ofi_runs
+    want = {s: LOOP for s in SIZES}
+    for r in (plain, traced):
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert rows(r.stdout) == want, r.stdout
+        bad = [ln for ln in r.stderr.splitlines() if "sigmatrace" in ln.lower() or " ERROR " in ln]
+        assert not bad, bad
+    corr = correlate_run(trace)
+    P, ops = corr.tables["processes"], corr.tables["ops"]
+    assert sorted(P["rank"].tolist()) == [0, 1]
+    u = corr.stats["unmatched"]
+    assert u["libfabric"]["operations"] > 0 and u["libfabric"]["unmatched"] == 0, u
+    assert u["verbs_wr"]["operations"] > 0 and u["verbs_wr"]["unmatched"] == 0, u
+    assert bool(np.asarray(ops["matched"]).all())
+    for i, rank in enumerate(P["rank"].tolist()):
+        mine = ops["process"] == i
+        assert set(ops["dst_rank"][mine].tolist()) == {1 - rank}
+        f = _by_size(ops, i, "ofi")
+        assert {s: f[s] for s in SIZES} == {s: SKIP + LOOP for s in SIZES}, (rank, f)
+        w = _by_size(ops, i, "verbs_wr")
+        assert all(w[s + RXM_HEADER] >= SKIP + LOOP for s in SIZES), (rank, w)
+        sends = mine & (ops["source_name"] == "verbs_wr") & (ops["opcode_name"] == "SEND")
+        truth = nic[int(P["pid"][i])]
+        got = (int(sends.sum()), int(ops["bytes"][sends].sum()))
+        assert got == (truth["wqes_by_opcode"].get("0x0a", 0), truth["bytes_by_opcode"].get("0x0a", 0)), (rank, got)

@@ -5,7 +5,15 @@
  * 127.0.<L/256>.<L%256> (LID 1 is 127.0.0.1), its port GID as an AF_IB
  * address, and whatever SIGMATRACE_EMU_IP_ADDRS lists (IPv4/IPv6, comma
  * separated).  Other processes find an owner through the agents' registry
- * files (agent.c).  Port spaces (TCP, UDP, IB, IPoIB) are per node. */
+ * files (agent.c).  Port spaces (TCP, UDP, IB, IPoIB) are per node.
+ *
+ * A node's loopback: a *passive* lookup (RAI_PASSIVE: an address to bind)
+ * that resolves to a loopback address this node does not own ("localhost",
+ * 127.0.0.1 on a node other than LID 1) answers the node's own loopback
+ * address.  On one real host a bind to 127.0.0.1 takes the host's own RDMA
+ * device (the kernel's loopback binding); the emulated nodes share the one
+ * host's loopback names, and each must bind its own.  Destinations keep the
+ * map: 127.0.0.1 as a destination is LID 1. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
@@ -491,8 +499,17 @@ CMA_EXPORT int rdma_getaddrinfo(const char *node, const char *service, const str
 			if (ai->ai_canonname)
 				rai->ai_src_canonname = strdup(ai->ai_canonname);
 			rai->ai_family = want_ib ? AF_IB : ai->ai_family;
-			ret = want_ib ? to_ib(&rai->ai_src_addr, &rai->ai_src_len, ai->ai_addr, rai->ai_port_space)
-				      : copy_sa(&rai->ai_src_addr, &rai->ai_src_len, ai->ai_addr, ai->ai_addrlen);
+			struct sockaddr_in own;
+			const struct sockaddr *src = ai->ai_addr;
+			socklen_t srclen = ai->ai_addrlen;
+			if (src->sa_family == AF_INET && cma_addr_is_loopback(src) && !cma_addr_owned(src)) {
+				cma_loopback_of(cma.lid, &own);   /* this node's loopback (above) */
+				own.sin_port = ((const struct sockaddr_in *)src)->sin_port;
+				src = (const struct sockaddr *)&own;
+				srclen = sizeof own;
+			}
+			ret = want_ib ? to_ib(&rai->ai_src_addr, &rai->ai_src_len, src, rai->ai_port_space)
+				      : copy_sa(&rai->ai_src_addr, &rai->ai_src_len, src, srclen);
 		} else {
 			if (ai->ai_canonname)
 				rai->ai_dst_canonname = strdup(ai->ai_canonname);
