@@ -116,7 +116,7 @@ TABLES = (
           parts=True, notes={'opcode': 'mlx5 code', 'dst_qp_id': 'the remote QP of a connected QP; a UD datagram\'s own destination (address handle + remote QPN, docs/report.md)', 'latency_ns': 'post → own completion, F24a; NULL without a recorded completion', 'peer_ns': 'receive completion on the target',
                              'collective_id': 'the NCCL call it was attributed to (collectives.collective_id); -1: not attributed, or attributed to a unit of several calls',
                              'collective_unit': 'the attribution unit (collectives.unit): one call, or the calls of one NCCL group / calls in flight together; -1: not attributed',
-                             'parent_op_id': 'the UCP call (source ucx) whose work this WQE / work request is, -1 none (F25; rule in docs/report.md)'}),
+                             'parent_op_id': 'the UCP call (source ucx) or libfabric call (source ofi) whose work this WQE / work request is, -1 none (F25; rule in docs/report.md)'}),
     table('completions', 'IBV_WC',
           'completion_id int64, process int64, thread int64, node int64, qp_id int64, qpn int64, '
           'wr_id int64, status int64, wc_opcode int64, byte_len int64, is_recv bool, tsc uint64, ns int64, '

@@ -598,3 +598,18 @@ def test_fi_pingpong_verbs_traced(fabric, tmp_path, prov, ep):
             assert wr_bytes[size + 64] == iters, wr_bytes
         else:                       # rxd over UD: a 16-byte header; a datagram may be sent again
             assert wr_bytes[size + 16] >= iters, wr_bytes
+    # F25: each libfabric send -> the verbs work request it posted (ops.parent_op_id, docs/report.md); rxd's
+    # datagrams are not linked (its own packets share the UD QP: no sound rule)
+    parent, op_id = np.asarray(ops["parent_op_id"]), np.asarray(ops["op_id"])
+    nb, opname = np.asarray(ops["bytes"]), np.asarray(ops["opcode_name"])
+    link = corr.stats["ofi_wqe_link"]
+    if prov.endswith("rxd"):
+        assert (parent == -1).all(), link
+        return
+    header = 0 if prov == "verbs" else 64
+    calls = np.flatnonzero((src_name == "ofi") & np.isin(nb, [size, 4]))
+    assert link["linked"] >= len(calls), link
+    for k in calls:
+        kids = np.flatnonzero(parent == op_id[k])
+        assert len(kids) == 1 and src_name[kids[0]] == "verbs_wr" and opname[kids[0]] == "SEND" \
+            and nb[kids[0]] == nb[k] + header and proc[kids[0]] == proc[k], (k, kids, nb[kids])

@@ -357,6 +357,11 @@ def test_mtl_ofi_over_verbs_pingpong(ofi_runs):
         assert {s: f[s] for s in SIZES} == {s: SKIP + LOOP for s in SIZES}, (rank, f)
         w = _by_size(ops, i, "verbs_wr")
         assert all(w[s + RXM_HEADER] >= SKIP + LOOP for s in SIZES), (rank, w)
+        # F25: every libfabric send of an MPI size -> the one verbs SEND it posted (size + the rxm header)
+        parent, op_id = np.asarray(ops["parent_op_id"]), np.asarray(ops["op_id"])
+        for k in np.flatnonzero(mine & (ops["source_name"] == "ofi") & np.isin(ops["bytes"], SIZES)):
+            kids = np.flatnonzero(parent == op_id[k])
+            assert len(kids) == 1 and int(ops["bytes"][kids[0]]) == int(ops["bytes"][k]) + RXM_HEADER, (rank, k)
         sends = mine & (ops["source_name"] == "verbs_wr") & (ops["opcode_name"] == "SEND")
         truth = nic[int(P["pid"][i])]
         got = (int(sends.sum()), int(ops["bytes"][sends].sum()))

@@ -262,7 +262,7 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
             gpus.id(p_, o_)
     out.warnings.extend(doorbell_warnings(sum(loc[k]["missing_wqe_side"] for k in active),
                                           sum(loc[k]["bad_wqes"] for k in active)))
-    link = {}
+    link, ofi_link = {}, {}
     for k in active:
         for lib, v in loc[k]["peers_total"].items():
             peers.total[lib] = peers.total.get(lib, 0) + v
@@ -272,7 +272,9 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
                 d[why] = d.get(why, 0) + c
         for key, v in loc[k]["ucp_link"].items():
             link[key] = link.get(key, 0) + v
-    out.stats["ucp_wqe_link"] = link
+        for key, v in loc[k]["ofi_link"].items():
+            ofi_link[key] = ofi_link.get(key, 0) + v
+    out.stats["ucp_wqe_link"], out.stats["ofi_wqe_link"] = link, ofi_link
     ops.explain_unmatched(out, ops.merge_unmatched([loc[k]["unmatched"] for k in active]), peers)
     coll.merge_units([loc[k]["unit_stats"] for k in active])
     g = _offsets(active, loc)

@@ -227,7 +227,8 @@ def local(part: Part, ctx, kept, first):
         log_sq=[topo.row_at(i)["log_sq_size"] for i in range(qlo, qhi)], qp_gpu=dbs.qp_gpu[qlo:qhi],
         gpu_uses=dbs.gpu_uses, missing_wqe_side=dbs.missing_wqe_side, bad_wqes=dbs.bad_wqes,
         unmatched=ops.unmatched_counts(op_base, topo), peers_total=peers.total, peers_unmatched=peers.unmatched,
-        ucp_link=out.stats.get("ucp_wqe_link", {}), unit_stats=unit_stats, send_index=send_index,
+        ucp_link=out.stats.get("ucp_wqe_link", {}), ofi_link=out.stats.get("ofi_wqe_link", {}),
+        unit_stats=unit_stats, send_index=send_index,
         qp_ops=np.bincount(q[q >= 0] - qlo, minlength=qhi - qlo) if qhi > qlo else np.zeros(0, np.int64),
         lost_wqebbs=lost, incomplete=incomplete)
 

@@ -254,39 +254,43 @@ def op_parts(tables, peers, src_ucx, src_ofi):
     return parts
 
 
-# ---- F25: a UCP operation -> the WQEs beneath it ------------------------------------------------------------
+# ---- F25: a UCP / libfabric operation -> the WQEs beneath it -----------------------------------------------
 # The classes of WQE each kind of UCP call produces (mlx5 opcodes, ref §1.2).
 _WRITE_W, _READ_W, _SEND_W, _ATOMIC_W = (0x08, 0x09), (0x10,), (0x0A, 0x0B, 0x01), (0x11, 0x12, 0x14, 0x15)
 _CLASS_OF_UCP = {0x08: _WRITE_W, 0x10: _READ_W, 0x0A: _SEND_W, ATOMIC_FA: _ATOMIC_W, ATOMIC_CS: _ATOMIC_W}
-SEND_HEADER_MAX = 256       # eager protocol headers a SEND may carry beyond the user's bytes (UCT AM + UCP tag)
+SEND_HEADER_MAX = 256       # eager protocol headers a SEND may carry beyond the user's bytes (UCT AM + UCP tag,
+                            # ofi_rxm's 64 bytes)
 
 
-def link_parents(ops, src_ucx, wqe_sources, qp_remote, qp_process):
-    """parent op id (-1: none) of every op: a WQE op (doorbell / verbs_wr) gets the UCP op that produced it.
+def link_parents(ops, host_sources, wqe_sources, qp_remote, qp_process):
+    """parent op id (-1: none) of every op: a WQE op (doorbell / verbs_wr) gets the library call (UCP, libfabric)
+    that produced it.
 
-    The rule (docs/report.md, "UCP operations and their WQEs"): an endpoint's QPs are the connected QPs of its
-    process whose remote QP lies in the endpoint's peer process (only when that process has one endpoint to that
-    peer: otherwise the relation is ambiguous and nothing is linked).  Per endpoint and class of work (puts ->
-    RDMA_WRITE(_IMM), gets -> RDMA_READ, atomics -> atomic WQEs, tag/stream/AM sends -> SEND(_IMM/_INV)), the UCP
-    calls in call order take the WQEs of their class on those QPs in posting order (doorbell time, then QP and
-    WQE order), skipping WQEs rung before the call began:
+    The rule (docs/report.md, "Library operations and their WQEs"): an endpoint's QPs are the connected QPs of its
+    process whose remote QP lies in the endpoint's peer process (only when that process has one endpoint of one
+    library to that peer: otherwise the relation is ambiguous and nothing is linked).  Per endpoint and class of
+    work (puts / writes -> RDMA_WRITE(_IMM), gets / reads -> RDMA_READ, atomics -> atomic WQEs, sends ->
+    SEND(_IMM/_INV)), the calls in call order take the WQEs of their class on those QPs in posting order
+    (doorbell time, then QP and WQE order), skipping WQEs rung before the call began -- for libfabric only those
+    posted by the calling thread (its providers post a call's work requests inside the call; ofi_rxm's own
+    control messages are posted by whichever thread progresses the endpoint):
       * put / get: consecutive WQEs whose bytes add up to exactly the call's bytes (else the call stays unlinked
         and its candidates stay free);
       * atomic: one WQE;
       * send: one SEND carrying at least the call's bytes and at most SEND_HEADER_MAX more (eager: UCT AM + UCP
-        headers); else consecutive SENDs of equal size (fragments) whose sum covers the bytes within the headers
-        of each; else one smaller SEND (a rendezvous RTS; the data then moves by the peer's RDMA READ, in the peer
-        process, not linked).
-    Returns (parent int64 array, stats dict)."""
+        headers, ofi_rxm's 64-byte header); else consecutive SENDs of equal size (fragments) whose sum covers the
+        bytes within the headers of each; else one smaller SEND (a rendezvous RTS; the data then moves by the
+        peer's RDMA READ, in the peer process, not linked).
+    ``host_sources``: {source code: same-thread rule (bool)}.  Returns (parent int64 array, {source: stats})."""
     n = len(ops["tsc"])
     parent = np.full(n, -1, np.int64)
-    stats = dict(ucp_ops=0, linked=0, ambiguous_endpoints=0, no_qp=0)
     src = np.asarray(ops["source"])
-    u = np.flatnonzero(src == src_ucx)
-    stats["ucp_ops"] = int(len(u))
+    stats = {s_: dict(ops=int((src == s_).sum()), linked=0, ambiguous_endpoints=0, no_qp=0) for s_ in host_sources}
+    u = np.flatnonzero(np.isin(src, list(host_sources)))
     if not len(u):
         return parent, stats
     proc = np.asarray(ops["process"], np.int64)
+    thread = np.asarray(ops["thread"], np.int64)
     ep = np.asarray(ops["ep"], np.int64)
     dst = np.asarray(ops["dst_proc"], np.int64)
     tsc = np.asarray(ops["tsc"]).astype(np.uint64)
@@ -298,10 +302,10 @@ def link_parents(ops, src_ucx, wqe_sources, qp_remote, qp_process):
     qp_process = np.asarray(qp_process, np.int64)
     # QP -> (its process, the remote QP's process)
     w_rproc = np.where(qp_remote[qp[w]] >= 0, qp_process[np.maximum(qp_remote[qp[w]], 0)], -1) if len(w) else w
-    # endpoints per (process, peer process)
+    # endpoints (library, endpoint) per (process, peer process)
     eps = {}
-    for p_, e_, d_ in zip(proc[u].tolist(), ep[u].tolist(), dst[u].tolist()):
-        eps.setdefault((p_, d_), set()).add(e_)
+    for s_, p_, e_, d_ in zip(src[u].tolist(), proc[u].tolist(), ep[u].tolist(), dst[u].tolist()):
+        eps.setdefault((p_, d_), set()).add((s_, e_))
     # WQE candidates per (process, peer process, class), in posting order
     cand = {}
     if len(w):
@@ -318,19 +322,23 @@ def link_parents(ops, src_ucx, wqe_sources, qp_remote, qp_process):
     uo = u[np.lexsort((u, tsc[u]))]
     ptr = {}
     for i in uo.tolist():
+        st = stats[int(src[i])]
         key_pe = (int(proc[i]), int(dst[i]))
         if key_pe[1] < 0:
-            stats["no_qp"] += 1
+            st["no_qp"] += 1
             continue
         if len(eps.get(key_pe, ())) != 1:
-            stats["ambiguous_endpoints"] += 1
+            st["ambiguous_endpoints"] += 1
             continue
         cls = _CLASS_OF_UCP.get(int(code[i]))
         c = cand.get((key_pe[0], key_pe[1], cls)) if cls else None
+        if c is not None and host_sources[int(src[i])]:
+            c = c[thread[c] == thread[i]]      # the calling thread's work requests only
         if c is None or not len(c):
-            stats["no_qp"] += 1
+            st["no_qp"] += 1
             continue
-        j = ptr.get((key_pe, cls), 0)
+        pk = (key_pe, cls, int(thread[i]) if host_sources[int(src[i])] else -1)
+        j = ptr.get(pk, 0)
         while j < len(c) and (taken[c[j]] or tsc[c[j]] < tsc[i]):
             j += 1
         if j >= len(c):
@@ -340,8 +348,8 @@ def link_parents(ops, src_ucx, wqe_sources, qp_remote, qp_process):
         if got:
             parent[c[j:j + got]] = i
             taken[c[j:j + got]] = True
-            ptr[(key_pe, cls)] = j + got
-            stats["linked"] += 1
+            ptr[pk] = j + got
+            st["linked"] += 1
     return parent, stats
 
 

@@ -135,9 +135,10 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records, peers) -> 
     else:
         ops = {c: np.zeros(0, base_dt[c]) for c in cols}
     del ops_parts, swr, ps, wrc, s_qp
-    # F25: each WQE op's UCP op (hostlib.link_parents); the endpoint ids are not kept
-    ops["parent"], out.stats["ucp_wqe_link"] = hostlib.link_parents(ops, SRC_UCX, (SRC_DOORBELL, SRC_VERBS),
-                                                                   topo.remote, topo.process)
+    # F25: each WQE op's UCP / libfabric op (hostlib.link_parents); the endpoint ids are not kept
+    ops["parent"], link = hostlib.link_parents(ops, {SRC_UCX: False, SRC_OFI: True}, (SRC_DOORBELL, SRC_VERBS),
+                                               topo.remote, topo.process)
+    out.stats["ucp_wqe_link"], out.stats["ofi_wqe_link"] = link[SRC_UCX], link[SRC_OFI]
     ops["parent"] = ops["parent"].astype(np.int32)
     del ops["ep"]
     return ops

@@ -475,7 +475,7 @@ def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, win
     coll_flow = _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats)
     jobs = [(kind, lo, min(lo + _CHUNK, n)) for kind, n in (("host", len(hs)), ("doorbells", len(dbs)),
                                                             ("ops", len(drawn))) for lo in range(0, n, _CHUNK)]
-    # F25: UCP call -> its WQEs (both drawn): the call's instant starts a flow to each
+    # F25: UCP / libfabric call -> its WQEs (both drawn): the call's instant starts a flow to each
     kids, drawn_set = {}, set()
     if "parent_op_id" in ops and len(drawn):
         drawn_set = set(np.asarray(drawn).tolist())
