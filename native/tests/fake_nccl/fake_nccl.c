@@ -165,6 +165,29 @@ static int poll_peer(struct ncclComm *c, int p)
 	return 0;
 }
 
+/* One signalled RDMA write (opcode, imm) on qp of len bytes from my staging area for peer p at off into
+ * its area for me at off, once the SQ has room; counted in the item's work requests and bytes. */
+static int post_rdma(struct ncclComm *c, int p, struct ibv_qp *qp, size_t off, size_t len, enum ibv_wr_opcode opcode,
+		     uint32_t imm)
+{
+	struct peer *pe = &c->peers[p];
+	while (pe->sends_out >= SEND_DEPTH - 1)
+		if (poll_peer(c, p))
+			return -1;
+	struct ibv_sge sge = {.addr = (uintptr_t)(pe->stage + off), .length = (uint32_t)len, .lkey = c->mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = (c->cur_seq << 20) | (c->wr_counter++ & 0xfffff), .sg_list = &sge,
+				 .num_sge = 1, .opcode = opcode, .send_flags = IBV_SEND_SIGNALED, .imm_data = imm};
+	wr.wr.rdma.remote_addr = pe->raddr + off;
+	wr.wr.rdma.rkey = pe->rkey;
+	struct ibv_send_wr *bad;
+	if (ibv_post_send(qp, &wr, &bad))
+		return -1;
+	pe->sends_out++;
+	c->item_wrs++;
+	c->item_bytes += len;
+	return 0;
+}
+
 /* One RDMA_WRITE_WITH_IMM to peer p: data (len bytes of src at the running offset) or an acknowledgement. */
 static int post_write(struct ncclComm *c, int p, const void *src, size_t len, int ack)
 {
@@ -193,22 +216,8 @@ static int post_write(struct ncclComm *c, int p, const void *src, size_t len, in
 		memcpy(pe->stage + off, src, len);
 		pe->send_off += len;
 	}
-	while (pe->sends_out >= SEND_DEPTH - 1)
-		if (poll_peer(c, p))
-			return -1;
-	struct ibv_sge sge = {.addr = (uintptr_t)(pe->stage + off), .length = (uint32_t)len, .lkey = c->mr->lkey};
-	struct ibv_send_wr wr = {.wr_id = (c->cur_seq << 20) | (c->wr_counter++ & 0xfffff), .sg_list = &sge,
-				 .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .send_flags = IBV_SEND_SIGNALED,
-				 .imm_data = htonl(ack ? IMM_ACK : (uint32_t)(c->cur_seq & 0x7fffffff))};
-	wr.wr.rdma.remote_addr = pe->raddr + off;
-	wr.wr.rdma.rkey = pe->rkey;
-	struct ibv_send_wr *bad;
-	if (ibv_post_send(pe->qp, &wr, &bad))
-		return -1;
-	pe->sends_out++;
-	c->item_wrs++;
-	c->item_bytes += len;
-	return 0;
+	return post_rdma(c, p, pe->qp, off, len, IBV_WR_RDMA_WRITE_WITH_IMM,
+			 htonl(ack ? IMM_ACK : (uint32_t)(c->cur_seq & 0x7fffffff)));
 }
 
 /* Whether an operation of this rank receives from peer p (the algorithms of run_op): NCCL's receiver
@@ -243,21 +252,7 @@ static int post_clear_to_send(struct ncclComm *c, int p)
 	struct peer *pe = &c->peers[p];
 	size_t off = c->cap - ACK_BYTES;
 	memcpy(pe->stage + off, &c->items, sizeof(c->items));
-	while (pe->sends_out >= SEND_DEPTH - 1)
-		if (poll_peer(c, p))
-			return -1;
-	struct ibv_sge sge = {.addr = (uintptr_t)(pe->stage + off), .length = ACK_BYTES, .lkey = c->mr->lkey};
-	struct ibv_send_wr wr = {.wr_id = (c->cur_seq << 20) | (c->wr_counter++ & 0xfffff), .sg_list = &sge,
-				 .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
-	wr.wr.rdma.remote_addr = pe->raddr + off;
-	wr.wr.rdma.rkey = pe->rkey;
-	struct ibv_send_wr *bad;
-	if (ibv_post_send(pe->rqp, &wr, &bad))
-		return -1;
-	pe->sends_out++;
-	c->item_wrs++;
-	c->item_bytes += ACK_BYTES;
-	return 0;
+	return post_rdma(c, p, pe->rqp, off, ACK_BYTES, IBV_WR_RDMA_WRITE, 0);
 }
 
 /* The next data message from peer p (len bytes): where it landed, or NULL on an error. */
