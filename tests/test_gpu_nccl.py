@@ -124,6 +124,12 @@ def ring_bytes(op, size, rank, world):
             "send_recv": size if rank == 0 else 0}[op]
 
 
+def ring_volume(rows, rank):
+    """Bytes `rank` sends over the network for every collective of the ground truth, warm-up included."""
+    return sum(ring_bytes(r["op"], r["bytes"], rank, r["world"]) * (r["iters"] + r["warmup"])
+               for r in rows if r["rank"] == rank)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     if REASON:
@@ -190,8 +196,7 @@ def test_bytes_matching_topology_and_nic_ground_truth(runs, mode):
         code, nbytes = ops["opcode"][mine], ops["bytes"][mine]
         data = int(nbytes[nbytes > CONTROL_MAX].sum())
         control = int(nbytes[nbytes <= CONTROL_MAX].sum())
-        want = sum(ring_bytes(r["op"], r["bytes"], int(rank), r["world"]) * (r["iters"] + r["warmup"])
-                   for r in rows if r["rank"] == rank)
+        want = ring_volume(rows, int(rank))
         report[f"rank{rank}"] = dict(data=data, control=control, expected=want, ops=int(mine.sum()),
                                      by_opcode={f"{k:#x}": v for k, v in Counter(int(c) for c in code).items()})
         assert data == want, report
@@ -396,7 +401,6 @@ def test_consumer_process_writes_a_cuda_process_trace(tmp_path):
             continue
         mine = O["process"] == i
         nb = O["bytes"][mine]
-        want = sum(ring_bytes(r["op"], r["bytes"], int(rank), r["world"]) * (r["iters"] + r["warmup"])
-                   for r in rows if r["rank"] == rank)
+        want = ring_volume(rows, int(rank))
         assert int(nb[nb > CONTROL_MAX].sum()) == want and bool(O["matched"][mine].all()), (int(rank), want)
     print("NCCL_CONSUMER " + json.dumps(dict(writers=writers, ops=int(len(O["process"])))))

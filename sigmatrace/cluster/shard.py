@@ -216,8 +216,8 @@ def local(part: Part, ctx, kept, first):
     matched = _matched(op_base, topo)
     store.save(part.dir / "local.pkl", dict(
         op_base=op_base, op_compl=op_compl, wc=wc, c_qp=c_qp, is_recv=is_recv, c_op=c_op, dbs=dbs,
-        receiving=receiving, doorbells=out.tables["doorbells"], wqes=out.tables["wqes"], recv=ops.recv_keys(wc, c_qp), matched=matched,
-        events=[(first + i, part.abspath, p.chunks) for i, p in enumerate(procs)]))
+        receiving=receiving, doorbells=out.tables["doorbells"], wqes=out.tables["wqes"], recv=ops.recv_keys(wc, c_qp),
+        matched=matched, events=[(first + i, part.abspath, p.chunks) for i, p in enumerate(procs)]))
     parts = out.stats["op_parts"]
     bounds = np.concatenate([[0], np.cumsum(parts)])
     lost, incomplete = derived.doorbell_losses(_rebased(out.tables["doorbells"], first), n)

@@ -30,9 +30,9 @@ work requests, post calls, GPU WQEs) on the communicator's QPs posted from a uni
 next unit's first call are the unit's; on a *sending* QP (no receives posted, its peer a QP of the same
 communicator in another process of the node) the window begins at the later of the two ranks' calls of the
 unit's instances, since NCCL's net transport writes a receive buffer only after the receiver announced it
-in its own call.  No work of a later unit can come before its call; work of an earlier
-one can (a call made while the previous one was still running, "in flight"): where the trace shows it -- a
-completion of a unit's work request after the next unit's window began on its QP (full mode), or a unit that moves data on a
+in its own call.  No work of a later unit can come before its call; work of an earlier one can (a call made
+while the previous one was still running, "in flight"): where the trace shows it -- a completion of a unit's
+work request after the next unit's window began on its QP (full mode), or a unit that moves data on a
 communicator with QPs but posted nothing before the next call -- the units are merged and their work requests
 attributed to the merged unit.  Merging never attributes a work request wrongly, it only attributes it to
 more calls.  The window is exact when each call's work is posted before the communicator's next call (a

@@ -320,7 +320,7 @@ def link_parents(ops, host_sources, wqe_sources, qp_remote, qp_process):
                 cand[(key[0], key[1], cls)] = sel
     taken = np.zeros(n, bool)
     uo = u[np.lexsort((u, tsc[u]))]
-    ptr = {}
+    ptr, by_thread = {}, {}
     for i in uo.tolist():
         st = stats[int(src[i])]
         key_pe = (int(proc[i]), int(dst[i]))
@@ -332,12 +332,15 @@ def link_parents(ops, host_sources, wqe_sources, qp_remote, qp_process):
             continue
         cls = _CLASS_OF_UCP.get(int(code[i]))
         c = cand.get((key_pe[0], key_pe[1], cls)) if cls else None
-        if c is not None and host_sources[int(src[i])]:
-            c = c[thread[c] == thread[i]]      # the calling thread's work requests only
+        same_thread = host_sources[int(src[i])]
+        pk = (key_pe, cls, int(thread[i]) if same_thread else None)
+        if c is not None and same_thread:      # the calling thread's work requests only (split once per thread)
+            if pk not in by_thread:
+                by_thread[pk] = c[thread[c] == thread[i]]
+            c = by_thread[pk]
         if c is None or not len(c):
             st["no_qp"] += 1
             continue
-        pk = (key_pe, cls, int(thread[i]) if host_sources[int(src[i])] else -1)
         j = ptr.get(pk, 0)
         while j < len(c) and (taken[c[j]] or tsc[c[j]] < tsc[i]):
             j += 1

@@ -56,9 +56,8 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records, peers) -> 
             doorbell_id=dbi, wqe_id=wsel, signaled=tables["wqes"]["signaled"][wsel],
             gpu=np.where(has_db, dbs.gpu[np.maximum(dbi, 0)] if dbs.n else -1, dbs.qp_gpu[dbs.wqe_qp[wsel]])))
         if dbs.wqe_dst_qp is not None and len(dbs.wqe_dst_qp) and (dbs.wqe_dst_qp[wsel] >= 0).any():
-            dq = dbs.wqe_dst_qp[wsel].astype(np.int32)   # datagrams: their address vector's destination
-            ops_parts[-1]["dst_qp"] = dq
-            ops_parts[-1]["dst_proc"] = np.where(dq >= 0, topo.process[np.maximum(dq, 0)], -1).astype(np.int32)
+            # datagrams: their address vector's destination
+            _datagram_dest(ops_parts[-1], dbs.wqe_dst_qp[wsel].astype(np.int32), topo)
         part_rows["doorbell"] = len(wsel)
     s_qp = topo.of(swr["process"], swr["qpn"]).astype(np.int32)
     s_keep = ~np.isin(s_qp, list(db_qps)) if len(s_qp) and db_qps else np.ones(len(s_qp), bool)
@@ -80,8 +79,7 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records, peers) -> 
             u = np.flatnonzero(ud)
             dq = np.full(nk, -1, np.int32)
             dq[u] = topo.datagram_dest(swr["process"][k][u], swr["rkey"][k][u], swr["raddr"][k][u])
-            ops_parts[-1]["dst_qp"] = dq
-            ops_parts[-1]["dst_proc"] = np.where(dq >= 0, topo.process[np.maximum(dq, 0)], -1).astype(np.int32)
+            _datagram_dest(ops_parts[-1], dq, topo)
         part_rows["verbs_wr"] = nk
         del sq, code
     del s_keep
@@ -142,6 +140,12 @@ def assemble(out, st, procs, topo: Topology, dbs: Doorbells, records, peers) -> 
     ops["parent"] = ops["parent"].astype(np.int32)
     del ops["ep"]
     return ops
+
+
+def _datagram_dest(part, dq, topo: Topology):
+    """An ops part's datagram destinations: each row's destination QP (-1: none) and that QP's process."""
+    part["dst_qp"] = dq
+    part["dst_proc"] = np.where(dq >= 0, topo.process[np.maximum(dq, 0)], -1).astype(np.int32)
 
 
 def dst_qp_of(op_base, topo: Topology):

@@ -21,10 +21,11 @@
  * peer's area again.  FAKE_NCCL_NET=ib is NCCL's net transport instead: two QPs per peer, a sending one
  * (its writes with immediate consume the peer's receives; no receive posted on it) and a receiving one
  * (receives posted); at the start of each item a rank announces to every peer it receives from in the
- * item that its area is free for this item (an 8-byte RDMA_WRITE, no immediate, on the receiving QP into the peer's memory: NCCL's
- * clear-to-send FIFO entry), and a sender writes an item's data only after the receiver's announcement
- * of that item -- so a receiver's data cannot come before the receiver's own call.  wr_id = (operation sequence number << 20) | WR counter, so a test can tell from a
- * work request which operation posted it.
+ * item that its area is free for this item (an 8-byte RDMA_WRITE, no immediate, on the receiving QP into
+ * the peer's memory: NCCL's clear-to-send FIFO entry), and a sender writes an item's data only after the
+ * receiver's announcement of that item -- so a receiver's data cannot come before the receiver's own call.
+ * wr_id = (operation sequence number << 20) | WR counter, so a test can tell from a work request which
+ * operation posted it.
  *
  * Ground truth ($FAKE_NCCL_GT_DIR/gt-<token>-r<rank>.jsonl): the communicator's QPs, then per executed
  * proxy item its operations (sequence numbers, kind, count, bytes) and the work requests and bytes it

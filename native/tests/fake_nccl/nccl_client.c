@@ -218,7 +218,8 @@ static void run(ncclComm_t comm, const char *op, int it, size_t n, int nowait)
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
-		fprintf(stderr, "usage: %s RANK NRANKS DIR [--ops LIST] [--iters N] [--count N] [--nowait | --nowait-rank R]\n", argv[0]);
+		fprintf(stderr, "usage: %s RANK NRANKS DIR [--ops LIST] [--iters N] [--count N] "
+				"[--nowait | --nowait-rank R]\n", argv[0]);
 		return 2;
 	}
 	rank = atoi(argv[1]);
