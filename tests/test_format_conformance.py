@@ -78,7 +78,8 @@ def test_c_layout_matches_python(tmp_path):
     lines.append('#define PR(name, value) printf("E %s %llu\\n", #name, (unsigned long long)ST_EV_##name);')
     lines.append("ST_EVENT_LIST(PR)")
     for const in ("ST_UMEM_F_GPU", "ST_UMEM_F_DMABUF", "ST_WQE_LOST_OVERWRITTEN", "ST_WQE_LOST_CORRUPT",
-                  "ST_WQE_LOST_COPY_FAILED", "ST_WQE_LOST_RING_FULL", "ST_WQE_LOST_TRACE_DROPPED") + NCCL_CONSTANTS:
+                  "ST_WQE_LOST_COPY_FAILED", "ST_WQE_LOST_RING_FULL", "ST_WQE_LOST_TRACE_DROPPED", "ST_IDLE_POLLS_SHIFT",
+                  "ST_IDLE_POLLS_MAX") + NCCL_CONSTANTS:
         lines.append(f'printf("C {const} %llu\\n", (unsigned long long)({const}));')
     for const in L.C_STRINGS:
         lines.append(f'printf("T {const} %s\\n", {const});')
@@ -117,6 +118,9 @@ def test_c_layout_matches_python(tmp_path):
     assert consts["ST_WQE_LOST_CORRUPT"] == E.WQE_LOST_CORRUPT
     assert consts["ST_WQE_LOST_COPY_FAILED"] == E.WQE_LOST_COPY_FAILED
     assert consts["ST_WQE_LOST_TRACE_DROPPED"] == E.WQE_LOST_TRACE_DROPPED
+    assert (consts["ST_IDLE_POLLS_SHIFT"], consts["ST_IDLE_POLLS_MAX"]) == (E.IDLE_POLLS_SHIFT, E.IDLE_POLLS_MAX)
+    for name in ("UCP_WORKER_PROGRESS", "OFI_CQ_READ"):   # the polls field is where the shift puts it
+        assert ("polls", "arg", E.IDLE_POLLS_SHIFT, 32) in E.BY_NAME[name].columns(), name
     for const in NCCL_CONSTANTS:      # ST_NCCL_COLL_SEND <-> events.NCCL_COLL_SEND
         assert consts[const] == getattr(E, const[3:]), const
     py_events = {e.name: e.value for e in E.EVENTS}

@@ -27,20 +27,38 @@ def stream(seed=1, n=3000):
 
 
 def reference(s):
-    """The rows by the definition, one event at a time."""
-    rows, open_run = [], {}
+    """The rows by the definition, one event at a time: in a thread's segment (its rows between two of its
+    other rows) the idle polls of one key (type, object, requested count) are one row, and every such row
+    spans the segment, from its first call to its last."""
+    rows, open_seg = [], {}
+
+    def close(seg):
+        if seg:
+            lo = min(r["ns"] for r in seg.values())
+            hi = max(r["end_ns"] for r in seg.values())
+            for r in seg.values():
+                r["ns"], r["end_ns"] = lo, hi
+
     for i in range(len(s["ns"])):
-        key = (int(s["process"][i]), int(s["thread"][i]))
+        th = (int(s["process"][i]), int(s["thread"][i]))
         idle = int(s["type"][i]) in E.IDLE_POLLS and int(s["aux"][i]) == 0
-        r = open_run.get(key)
-        if idle and r is not None and (r["type"], r["obj"]) == (int(s["type"][i]), int(s["obj"][i])):
-            r["calls"] += 1
-            r["end_ns"] = int(s["ns"][i])
+        ns = int(s["ns"][i])
+        seg = open_seg.setdefault(th, {})
+        key = (int(s["type"][i]), int(s["obj"][i]), int(s["arg"][i]) & 0xFFFFFFFF)
+        if idle and key in seg:
+            seg[key]["calls"] += 1
+            seg[key]["end_ns"] = ns
             continue
-        row = dict(process=key[0], thread=key[1], ns=int(s["ns"][i]), type=int(s["type"][i]),
-                   aux=int(s["aux"][i]), obj=int(s["obj"][i]), calls=1, end_ns=int(s["ns"][i]))
+        row = dict(process=th[0], thread=th[1], ns=ns, type=int(s["type"][i]), aux=int(s["aux"][i]),
+                   obj=int(s["obj"][i]), calls=1, end_ns=ns)
         rows.append(row)
-        open_run[key] = row if idle else None
+        if idle:
+            seg[key] = row
+        else:
+            close(seg)
+            open_seg[th] = {}
+    for seg in open_seg.values():
+        close(seg)
     return sorted(tuple(r.values()) for r in rows)
 
 
@@ -96,3 +114,26 @@ def test_budget_keeps_the_earliest_rows():
     cols, total = hc.result()
     cut = sorted(r[2] for r in want)[39]
     assert total == len(want) and as_rows(cols) == [r for r in want if r[2] <= cut]
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 6])
+def test_recorder_coalesced_runs(step):
+    """The recorder's own form of a run (its first call, then its last one counting the calls since the first,
+    events.IDLE_POLLS_SHIFT), nested runs interleaved (ucp_worker_progress over ibv_poll_cq): each run one
+    row of all its calls, both spanning the segment; a send ends them; the next poll starts a new one."""
+    POLL = E.value("IBV_POLL_CQ")
+    polls = lambda n: np.uint64(n) << np.uint64(E.IDLE_POLLS_SHIFT)
+    rec = [(100, PROGRESS, 3, 0), (110, POLL, 9, 16), (900, POLL, 9, polls(99) | np.uint64(16)),
+           (890, PROGRESS, 3, polls(98)), (1000, TAG_SEND, 5, 64), (1100, PROGRESS, 3, 0)]
+    s = dict(process=np.zeros(6, np.int64), thread=np.zeros(6, np.int64),
+             ns=np.array([r[0] for r in rec], np.int64), type=np.array([r[1] for r in rec], np.int64),
+             aux=np.zeros(6, np.int64), obj=np.array([r[2] for r in rec], np.int64),
+             arg=np.array([r[3] for r in rec], np.uint64))
+    s["tsc"] = s["ns"].astype(np.uint64)
+    hc = HostCollector(None)
+    for b in batches(s, step):
+        hc.add(b)
+    cols, total = hc.result()
+    got = sorted(zip(*(cols[c].tolist() for c in ("ns", "type", "obj", "calls", "end_ns"))))
+    assert got == sorted([(100, PROGRESS, 3, 99, 900), (100, POLL, 9, 100, 900), (1000, TAG_SEND, 5, 1, 1000),
+                          (1100, PROGRESS, 3, 1, 1100)]) and total == 4

@@ -50,16 +50,16 @@ def _run_in_tmp(tmp_path, monkeypatch):
 
 
 def traced_env(out, **kw):
-    env = dict(os.environ, LD_PRELOAD=str(LIB), SIGMATRACE_OUTPUT_DIR=str(out))
+    # tracer_hammer and tracer_dlsym stress the rings with a cheap recorded call, fi_cq_read on an empty CQ:
+    # every one a record here (by default a run of them is recorded as its first and last call)
+    env = dict(os.environ, LD_PRELOAD=str(LIB), SIGMATRACE_OUTPUT_DIR=str(out), SIGMATRACE_IDLE_POLLS="each")
     env.update({k: str(v) for k, v in kw.items()})
     return env
 
 
 def cq_reads(cap, process_index=None):
-    t = cap.table("OFI_CQ_READ")
-    if process_index is None:
-        return len(t["cq"])
-    return int(np.count_nonzero(t["process"] == process_index))
+    """fi_cq_read calls recorded (a coalesced run of empty ones counted by its polls)."""
+    return cap.calls("OFI_CQ_READ", process_index)
 
 
 @needs
@@ -266,6 +266,59 @@ def test_run_end_to_end_with_hammer(tmp_path, bins):
 
 
 @needs
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_idle_polls_coalesced(tmp_path, bins, writer):
+    """Full mode, SIGMATRACE_IDLE_POLLS at its default (coalesce): each thread's 20,000 empty reads are one
+    run, recorded as its first call and its last one, which counts the 19,999 after the first and carries the
+    last call's own time; `each` writes all 20,000.  Both stand for the same calls."""
+    threads, calls = 3, 20_000
+    got = {}
+    for polls in ("coalesce", "each"):
+        out = tmp_path / polls
+        r = subprocess.run([bins["tracer_hammer"], "-t", str(threads), "-n", str(calls)],
+                           env=traced_env(out, SIGMATRACE_MODE="full", SIGMATRACE_IDLE_POLLS=polls,
+                                          SIGMATRACE_WRITER=writer), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and f"calls {threads * calls}" in r.stdout, r.stdout + r.stderr
+        cap = read_capture(out)
+        (p,) = cap.processes
+        assert p.complete and p.end["dropped_events"] == 0 and not p.end["open_idle_polls"], p.end
+        assert cap.calls("OFI_CQ_READ") == threads * calls
+        got[polls] = t = cap.table("OFI_CQ_READ")
+        assert (t["returned"] == 0).all() and (t["requested"] == 4).all()
+    t = got["coalesce"]
+    assert len(t["tsc"]) == 2 * threads
+    for th in np.unique(t["thread"]).tolist():
+        first, last = np.flatnonzero(t["thread"] == th)
+        assert (t["polls"][first], t["polls"][last]) == (0, calls - 1)
+        assert t["tsc"][first] < t["tsc"][last]
+    e = got["each"]
+    assert len(e["tsc"]) == threads * calls and not e["polls"].any()
+
+
+@needs
+def test_idle_run_open_at_exit_is_counted(tmp_path, bins):
+    """SIGTERM ends the process while the hammer threads still poll: their open runs cannot be written by
+    them; the END record counts each one's calls after its first (open_idle_polls), the first is in the
+    trace."""
+    out = tmp_path / "t"
+    p = subprocess.Popen([bins["tracer_hammer"], "-t", "2", "-n", "2000000000", "-k", "20000", "-a", "sleep"],
+                         env=traced_env(out, SIGMATRACE_MODE="full", SIGMATRACE_IDLE_POLLS="coalesce"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=30)
+    cap = read_capture(out)
+    (p,) = cap.processes
+    assert p.complete, p.end
+    t = cap.table("OFI_CQ_READ")
+    open_runs = {int(k): int(v) for k, v in p.end["open_idle_polls"].items()}
+    assert len(open_runs) == 2 and min(open_runs.values()) >= 1, p.end
+    for th in open_runs:            # the run's first call is recorded, its end never came
+        assert np.count_nonzero(t["thread"] == th) == 1 and t["polls"][t["thread"] == th][0] == 0
+
+
+@needs
 @pytest.mark.parametrize("writer", [None, "process", "thread"])
 def test_run_writer_option(tmp_path, bins, writer):
     """`sigmatrace run --writer` chooses who writes the files (default: the consumer process); the header's
@@ -277,7 +330,8 @@ def test_run_writer_option(tmp_path, bins, writer):
     cap = read_capture(out)
     (p,) = cap.processes
     assert p.complete and p.header["options"]["writer"] == (writer or "process")
-    assert cq_reads(cap) == 20000
+    # every call: each thread's 10,000 empty reads are one run, recorded as its first and last call
+    assert cq_reads(cap) == 20000 and cap.count_by_type()["OFI_CQ_READ"] == 4
 
 
 SIGEXIT = _native.find("tracer_sigexit")

@@ -466,6 +466,10 @@ def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, win
         end = ev_t["end_ns"]          # a run of idle polls: from its first call to its last one's end
         dur = np.where(same, np.minimum(nxt - end, 1000), 1000)
         dur = np.maximum(dur, 1) + (end - ev_t["ns"])
+        # the runs of idle polls of one segment span it (tables.host_events): one duration, so they nest
+        span = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]) | (ev_t["ns"][1:] != ev_t["ns"][:-1]) |
+                                    (end[1:] != end[:-1])])
+        dur = np.repeat(np.maximum.reduceat(dur, span), np.diff(np.r_[span, len(dur)]))
         hs = in_window(ev_t["ns"], cut, win.truncated, max_events)
         names = np.array([E.name_of(t) for t in range(E.TYPE_RANGE)], dtype=object)
     D = win.doorbells

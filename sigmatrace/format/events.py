@@ -91,7 +91,7 @@ EVENTS = [
     _E("IBV_POST_RECV", 0x0112, aux="num_wr", obj="qpn", arg="bytes", x0="wr_id", x2="ret"),
     _E("IBV_RECV_WR", 0x0113, "F", aux="num_sge", obj="qpn", arg="wr_id", x0="addr", x2="lkey", x3="bytes"),
     _E("IBV_POST_SRQ_RECV", 0x0114, aux="num_wr", obj="srq", arg="bytes"),
-    _E("IBV_POLL_CQ", 0x0115, "F", aux="returned", obj="cq", arg="requested"),
+    _E("IBV_POLL_CQ", 0x0115, "F", aux="returned", obj="cq", arg=(("requested", 0, 32), ("polls", 32, 32))),
     _E("IBV_WC", 0x0116, "F", aux=(("status", 0, 8), ("opcode", 8, 8)), obj="qpn", arg="wr_id",
        x0="imm", x1="wc_flags", x2="byte_len", x3="vendor_err"),
     _E("IBV_WR_COMPLETE", 0x0118, aux="num_wr", obj="qpn", arg="bytes"),
@@ -142,7 +142,7 @@ EVENTS = [
     _E("UCP_STREAM_RECV", 0x050A, aux="variant", obj="ep", arg="bytes", x3="request"),
     _E("UCP_AM_SEND", 0x050B, aux="am_id", obj="ep", arg="bytes", x0="header_bytes", x3="request"),
     _E("UCP_AM_RECV", 0x050C, aux="am_id", obj="worker", arg="bytes"),
-    _E("UCP_WORKER_PROGRESS", 0x050D, "F", aux="returned", obj="worker"),
+    _E("UCP_WORKER_PROGRESS", 0x050D, "F", aux="returned", obj="worker", arg=(("polls", 32, 32),)),
     _E("UCP_REQUEST_DONE", 0x050E, aux="status", obj="owner", arg="request"),
     _E("UCP_FLUSH", 0x050F, obj="owner"),
     # --- libfabric ---
@@ -158,7 +158,7 @@ EVENTS = [
     _E("OFI_WRITE", 0x060A, aux="variant", obj="ep", arg="bytes", x0="dest", x2="ret", x3="raddr"),
     _E("OFI_READ", 0x060B, aux="variant", obj="ep", arg="bytes", x0="dest", x2="ret", x3="raddr"),
     _E("OFI_ATOMIC", 0x060C, aux="op", obj="ep", arg="bytes", x0="dest", x2="ret", x3="raddr"),
-    _E("OFI_CQ_READ", 0x060D, "F", aux="returned", obj="cq", arg="requested"),
+    _E("OFI_CQ_READ", 0x060D, "F", aux="returned", obj="cq", arg=(("requested", 0, 32), ("polls", 32, 32))),
     _E("OFI_COMPLETION", 0x060E, "F", aux="flags_lo", obj="cq", arg="context", x0="len", x3="flags"),
     _E("OFI_MR_REG", 0x060F, obj="mr", arg="addr", x0="len", x3="key"),
     # --- NCCL (ABI of NCCL 2.28) ---
@@ -175,7 +175,13 @@ BY_NAME = {e.name: e for e in EVENTS}
 BY_VALUE = {e.value: e for e in EVENTS}
 # Polls that return how much they found (aux): with aux 0 the call found nothing.  A progress loop makes
 # millions of these between two operations; the timeline draws each run of them on a thread as one slice.
-IDLE_POLLS = (BY_NAME["UCP_WORKER_PROGRESS"].value, BY_NAME["OFI_CQ_READ"].value)
+IDLE_POLLS = (BY_NAME["UCP_WORKER_PROGRESS"].value, BY_NAME["OFI_CQ_READ"].value, BY_NAME["IBV_POLL_CQ"].value)
+# The recorder writes a run of idle polls (aux 0; one thread; one key: type, object, requested count; nothing
+# but idle polls of the thread between) as its first and its last call; the last one's arg bits 32..63
+# ("polls") are the calls it stands for (itself and the unrecorded ones since the first); 0 there: one call
+# (events.h).
+IDLE_POLLS_SHIFT = 32
+IDLE_POLLS_MAX = 0xFFFFFFFF
 EXT = BY_NAME["EXT"].value
 DROPS = BY_NAME["DROPS"].value
 

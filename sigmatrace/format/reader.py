@@ -564,6 +564,15 @@ class Capture:
         types, counts = np.unique(self.events["type"], return_counts=True)
         return {E.name_of(t): int(c) for t, c in zip(types, counts) if t != E.EXT}
 
+    def calls(self, name, process_index=None):
+        """How many calls the records of one event type stand for: the last record of a run of idle polls
+        counts the calls the recorder did not write (its ``polls``, events.IDLE_POLLS_SHIFT)."""
+        t = self.table(name)
+        keep = np.ones(len(t["tsc"]), bool) if process_index is None else t["process"] == process_index
+        if "polls" not in t:
+            return int(np.count_nonzero(keep))
+        return int(np.maximum(t["polls"][keep].astype(np.int64), 1).sum())
+
     def table(self, name):
         """Columns of every record of one event type, EXT fields joined.
 

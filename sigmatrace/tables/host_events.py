@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..format.events import IDLE_POLLS
+from ..format.events import IDLE_POLLS, IDLE_POLLS_SHIFT
 
 HOST_LAYERS = (0x01, 0x02, 0x03, 0x05, 0x06, 0x07)
 # calls: how many calls the row stands for; end_ns: when the last of them started (a run of idle polls, below)
@@ -22,7 +22,10 @@ def _rows(cols, m):
     b = {c: np.asarray(cols[c])[m].astype(np.int64 if c != "arg" else np.uint64)
          for c in _HOST_KEYS if c in cols or c not in ("calls", "end_ns")}
     if "calls" not in b:
-        b["calls"] = np.ones(len(b["ns"]), np.int64)
+        # the last call of a run of idle polls stands for the calls the recorder did not write (its polls)
+        polls = np.where(_IDLE_LUT[b["type"] & 0xFFFF] & (b["aux"] == 0),
+                         (b["arg"] >> np.uint64(IDLE_POLLS_SHIFT)).astype(np.int64), 0)
+        b["calls"] = np.maximum(polls, 1)
         b["end_ns"] = b["ns"].copy()
     return b
 
@@ -32,7 +35,8 @@ class HostCollector:
 
     Idle polls (``format.events.IDLE_POLLS`` with aux 0: ucp_worker_progress or fi_cq_read that found
     nothing): a run of them on one thread, with nothing else of that thread between, becomes one row
-    (``calls``: how many, ``end_ns``: the last one's start).  UCX's progress loop makes millions of them
+    (``calls``: how many, ``end_ns``: the last one's start).  The recorder already writes such a run as its
+    first and last call, the last one counting the calls between (``polls``, events.IDLE_POLLS_SHIFT).  UCX's progress loop makes millions of them
     between two operations; drawn one by one they fill the window before the first operation.  A run that
     reaches the end of a batch is held (one row per thread) and goes on in the next batch, so the rows do
     not depend on how the stream is cut; re-adding collapsed rows (parts merged) joins runs cut at parts.
@@ -71,33 +75,62 @@ class HostCollector:
             self._compact()
 
     def _join(self, b):
-        """Runs of idle polls joined (with the held ones); rows in stream order, a thread's open run held."""
+        """Runs of idle polls joined (with the held ones); rows in stream order, a thread's open runs held.
+
+        A segment is a thread's rows between two of its other rows; the idle rows of one key (type, object,
+        requested count) in one segment become one row, and every such row of a segment spans the segment
+        (from its first call to its last), so the runs of polls nested in one progress call (a
+        ucp_worker_progress run over ibv_poll_cq runs) draw as slices that nest."""
         key = b["process"] * (1 << 32) + b["thread"]
         if self.held:
             present = set(np.unique(key).tolist()) & self.held.keys()
-            if present:     # a held run goes first on its thread (counted when it comes out)
+            if present:     # a held segment goes first on its thread (counted when it comes out)
                 held = [self.held.pop(q) for q in sorted(present)]
                 b = {c: np.concatenate([np.concatenate([h[c] for h in held]), b[c]]) for c in _HOST_KEYS}
                 key = b["process"] * (1 << 32) + b["thread"]
-        o = np.argsort(key, kind="stable")      # a thread's rows together, held run first, in stream order
-        k, idle = key[o], _IDLE_LUT[b["type"][o] & 0xFFFF] & (b["aux"][o] == 0)
-        ty, ob = b["type"][o], b["obj"][o]
-        same = np.r_[False, k[1:] == k[:-1]]
-        cont = same & idle & np.r_[False, idle[:-1]] & np.r_[False, (ty[1:] == ty[:-1]) & (ob[1:] == ob[:-1])]
-        heads = np.flatnonzero(~cont)
-        out = {c: b[c][o[heads]] for c in _HOST_KEYS}
-        out["calls"] = np.add.reduceat(b["calls"][o], heads)
-        out["end_ns"] = np.maximum.reduceat(b["end_ns"][o], heads)
-        # the last row of each thread: an idle run is held for the next batch
-        last_row = np.r_[k[1:] != k[:-1], True]
-        last = last_row[np.r_[heads[1:] - 1, len(k) - 1]] if len(heads) else np.zeros(0, bool)
-        hold = last & idle[heads]
-        for j in np.flatnonzero(hold).tolist():
-            self.held[int(k[heads[j]])] = {c: out[c][j:j + 1] for c in _HOST_KEYS}
-        pos = o[heads][~hold]
-        out = {c: v[~hold] for c, v in out.items()}
-        r = np.argsort(pos, kind="stable")      # back in stream order
-        return {c: v[r] for c, v in out.items()}
+        o = np.argsort(key, kind="stable")      # a thread's rows together, held rows first, in stream order
+        b = {c: v[o] for c, v in b.items()}
+        k, n = key[o], len(o)
+        idle = _IDLE_LUT[b["type"] & 0xFFFF] & (b["aux"] == 0)
+        first = np.r_[True, k[1:] != k[:-1]]
+        seg = np.cumsum(first | ~idle | ~np.r_[False, idle[:-1]])
+        row = np.arange(n)
+        # group key: (segment, type, object, requested) for idle rows, the row itself for the others
+        g = (seg, np.where(idle, b["type"], -1), np.where(idle, b["obj"], row),
+             np.where(idle, (b["arg"] & np.uint64(0xFFFFFFFF)).astype(np.int64), 0))
+        srt = np.lexsort((row,) + g[::-1])
+        change = np.zeros(n, bool)
+        if n:
+            change[0] = True
+            for a in g:
+                sa = a[srt]
+                change[1:] |= sa[1:] != sa[:-1]
+        heads = np.flatnonzero(change)
+        hr = srt[heads]                         # each group's first row (the lowest in stream order)
+        out = {c: b[c][hr] for c in _HOST_KEYS}
+        out["calls"] = np.add.reduceat(b["calls"][srt], heads) if n else out["calls"]
+        out["ns"] = np.minimum.reduceat(b["ns"][srt], heads) if n else out["ns"]
+        out["end_ns"] = np.maximum.reduceat(b["end_ns"][srt], heads) if n else out["end_ns"]
+        gseg, gidle = seg[hr], idle[hr]
+        if n:                                   # the idle rows of a segment span it
+            ss = np.flatnonzero(np.r_[True, gseg[1:] != gseg[:-1]])
+            cnt = np.diff(np.r_[ss, len(gseg)])
+            lo = np.repeat(np.minimum.reduceat(out["ns"], ss), cnt)
+            hi = np.repeat(np.maximum.reduceat(out["end_ns"], ss), cnt)
+            out["ns"] = np.where(gidle, lo, out["ns"])
+            out["end_ns"] = np.where(gidle, hi, out["end_ns"])
+        # a thread whose last row is idle: its last segment is held for the next batch
+        last = np.r_[k[1:] != k[:-1], True] if n else np.zeros(0, bool)
+        open_seg = set(seg[last & idle].tolist())
+        hold = np.isin(gseg, list(open_seg)) if open_seg else np.zeros(len(hr), bool)
+        if hold.any():
+            gk = k[hr]
+            for q in np.unique(gk[hold]).tolist():
+                m = hold & (gk == q)
+                self.held[int(q)] = {c: out[c][m] for c in _HOST_KEYS}
+        keep = ~hold
+        r = np.argsort(o[hr][keep], kind="stable")      # back in stream order
+        return {c: v[keep][r] for c, v in out.items()}
 
     @property
     def joined(self):

@@ -49,7 +49,7 @@ enum st_layer {
 	X(IBV_POST_RECV,            0x0112) /* S: obj=qpn, aux=num_wr, arg=bytes; EXT x0=first wr_id x2=ret */ \
 	X(IBV_RECV_WR,              0x0113) /* F: obj=qpn, aux=num_sge, arg=wr_id; EXT x0=addr x2=lkey x3=bytes */ \
 	X(IBV_POST_SRQ_RECV,        0x0114) /* S: obj=srq id, aux=num_wr, arg=bytes */ \
-	X(IBV_POLL_CQ,              0x0115) /* F: obj=cq id, aux=returned, arg=requested */ \
+	X(IBV_POLL_CQ,              0x0115) /* F: obj=cq id, aux=returned, arg=requested|polls<<32 */ \
 	X(IBV_WC,                   0x0116) /* F: obj=qpn, aux=status|opcode<<8, arg=wr_id; EXT x0=imm x1=wc_flags x2=byte_len x3=vendor_err */ \
 	X(IBV_WR_COMPLETE,          0x0118) /* S: obj=qpn, aux=num_wr, arg=bytes (ibv_wr_* API) */ \
 	X(IBV_REQ_NOTIFY_CQ,        0x0119) /* F: obj=cq id, aux=solicited_only */ \
@@ -97,7 +97,7 @@ enum st_layer {
 	X(UCP_STREAM_RECV,          0x050a) /* obj=ep id, aux=variant, arg=bytes; EXT x3=request */ \
 	X(UCP_AM_SEND,              0x050b) /* obj=ep id, aux=am id, arg=bytes; EXT x0=header bytes x3=request */ \
 	X(UCP_AM_RECV,              0x050c) /* obj=worker id, aux=am id, arg=bytes */ \
-	X(UCP_WORKER_PROGRESS,      0x050d) /* F: obj=worker id, aux=returned */  \
+	X(UCP_WORKER_PROGRESS,      0x050d) /* F: obj=worker id, aux=returned, arg=polls<<32 */  \
 	X(UCP_REQUEST_DONE,         0x050e) /* obj=ep/worker id, aux=status, arg=request */ \
 	X(UCP_FLUSH,                0x050f) /* obj=ep/worker id */                 \
 	/* --- libfabric --- */                                                  \
@@ -113,7 +113,7 @@ enum st_layer {
 	X(OFI_WRITE,                0x060a) /* obj=ep id, aux=variant, arg=bytes; EXT x0=dest x2=ret x3=raddr */ \
 	X(OFI_READ,                 0x060b) /* obj=ep id, aux=variant, arg=bytes; EXT x0=dest x2=ret x3=raddr */ \
 	X(OFI_ATOMIC,               0x060c) /* obj=ep id, aux=op, arg=bytes; EXT x0=dest x2=ret x3=raddr */ \
-	X(OFI_CQ_READ,              0x060d) /* F: obj=cq id, aux=returned, arg=requested */ \
+	X(OFI_CQ_READ,              0x060d) /* F: obj=cq id, aux=returned, arg=requested|polls<<32 */ \
 	X(OFI_COMPLETION,           0x060e) /* F: obj=cq id, aux=flags low 16, arg=op_context; EXT x0=len x3=flags */ \
 	X(OFI_MR_REG,               0x060f) /* obj=mr id, arg=addr; EXT x0=len x3=key */ \
 	/* --- NCCL (docs/tracer.md "nccl"; ABI of NCCL 2.28) --- */            \
@@ -128,6 +128,16 @@ enum st_event_type {
 	ST_EVENT_LIST(ST_X_ENUM)
 #undef ST_X_ENUM
 };
+
+/* Idle polls (UCP_WORKER_PROGRESS, OFI_CQ_READ, IBV_POLL_CQ with aux 0: the call found nothing).  A run
+ * of them on one thread, of one key (type, object, requested count: arg bits 0..31), with nothing but
+ * idle polls (of any key) recorded by the thread between, is recorded as its first call and its last
+ * call; the last one's arg bits 32..63 ("polls") are the calls it stands for (itself and the unrecorded
+ * ones since the first).  0 there: the record is one call.  A
+ * progress loop makes millions of empty polls between two operations; recorded one by one they filled
+ * the rings and pushed out the operations themselves (docs/tracer.md, "Idle polls"). */
+#define ST_IDLE_POLLS_SHIFT 32
+#define ST_IDLE_POLLS_MAX   0xffffffffu
 
 /* aux flags of MLX5_DEVX_UMEM_REG */
 #define ST_UMEM_F_GPU    0x1u

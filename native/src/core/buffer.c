@@ -95,6 +95,7 @@ static struct st_thread *thread_create(void)
 		t->chunks[i].data = data + (size_t)i * st_cfg.chunk_bytes;
 		t->chunks[i].kind = ST_CHUNK_EVENTS;
 	}
+	t->idle_open = 0;
 	t->cur_idx = 0;
 	t->cur = &t->chunks[0];
 	t->base = t->pos = (struct st_event *)t->cur->data;
@@ -159,9 +160,40 @@ free_now:
 	return 0;
 }
 
-static struct st_event *reserve_slow(unsigned n)
+static struct st_event *reserve_slow(unsigned n, int end_runs);
+
+/* End the thread's open runs of idle polls (st_idle_poll): the last call of each is recorded now, at its
+ * own time, standing for the calls not recorded since its first (none: the first was the whole run). */
+void st_idle_runs_end(struct st_thread *t)
+{
+	uint32_t open = t->idle_open;
+	t->idle_open = 0;
+	for (uint32_t i = 0; i < open; i++) {
+		struct st_idle_run *r = &t->idle[i];
+		uint32_t polls = r->polls;
+		if (!polls)
+			continue;
+		struct st_event *e = t->pos + 1 <= t->lim ? t->pos++ : reserve_slow(1, 0);
+		__atomic_store_n(&r->polls, 0, __ATOMIC_RELAXED);
+		if (!e)
+			continue; /* counted as one dropped record by reserve_slow */
+		*e = (struct st_event){r->last_tsc, r->type, 0, r->obj, r->arg | ((uint64_t)polls << ST_IDLE_POLLS_SHIFT)};
+		__atomic_store_n(&t->cur->committed, (uint32_t)((char *)t->pos - (char *)t->base), __ATOMIC_RELEASE);
+	}
+}
+
+/* end_runs: a record other than an idle poll's (which ends the open runs first) */
+static struct st_event *reserve_slow(unsigned n, int end_runs)
 {
 	struct st_thread *t = st_tls_self;
+	if (t && t->idle_open && end_runs) {
+		st_idle_runs_end(t);
+		if (t->pos + n <= t->lim) {
+			struct st_event *e = t->pos;
+			t->pos += n;
+			return e;
+		}
+	}
 	if (!t) {
 		t = thread_create();
 		if (!t)
@@ -198,7 +230,15 @@ static struct st_event *reserve_slow(unsigned n)
 struct st_event *st_reserve_slow(unsigned n)
 {
 	int saved = errno;
-	struct st_event *e = reserve_slow(n);
+	struct st_event *e = reserve_slow(n, 1);
+	errno = saved;
+	return e;
+}
+
+struct st_event *st_reserve_idle_slow(void)
+{
+	int saved = errno;
+	struct st_event *e = reserve_slow(1, 0);
 	errno = saved;
 	return e;
 }
@@ -309,6 +349,8 @@ void st_thread_exit_current(void)
 	if (!t || tls_state != 1)
 		return;
 	tls_state = 2;
+	if (t->idle_open)
+		st_idle_runs_end(t);
 	/* THREAD_END goes into the current chunk if there is room */
 	if (t->cur && t->pos < t->lim)
 		put_own_record(t, ST_EV_THREAD_END, (uint32_t)t->tid, 0);

@@ -206,6 +206,15 @@ void st_config_load(void)
 		else
 			st_warn("SIGMATRACE_WRITER=\"%.64s\" is not one of thread|process; using process", v);
 	}
+	v = getenv("SIGMATRACE_IDLE_POLLS");
+	if (v && *v) {
+		if (!strcasecmp(v, "coalesce"))
+			st_cfg.idle_polls_each = 0;
+		else if (!strcasecmp(v, "each"))
+			st_cfg.idle_polls_each = 1;
+		else
+			st_warn("SIGMATRACE_IDLE_POLLS=\"%.64s\" is not one of coalesce|each; using coalesce", v);
+	}
 	env_uint("SIGMATRACE_SIDE_KB", 16, 16384, &st_cfg.side_kb); /* a SIDE chunk holds at most 16 MiB */
 	/* test hook (a slow disk): never set it otherwise */
 	env_uint("SIGMATRACE_TEST_WRITER_DELAY_MS", 0, 10000, &st_cfg.test_writer_delay_ms);

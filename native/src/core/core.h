@@ -55,6 +55,7 @@ struct st_config {
 	uint32_t side_kb;         /* SIGMATRACE_SIDE_KB: the process side buffer (a poller's side ring: a quarter) */
 	uint32_t test_writer_delay_ms; /* test hook SIGMATRACE_TEST_WRITER_DELAY_MS: the writer sleeps before each chunk */
 	int writer_process;       /* a consumer process writes the file (procwriter.c): 1 SIGMATRACE_WRITER=process, 2 default; 0 thread */
+	int idle_polls_each;      /* SIGMATRACE_IDLE_POLLS=each: every idle poll is a record (default coalesce, st_idle_poll) */
 	char node_id[256];
 	char launcher[32];
 };
@@ -109,12 +110,25 @@ struct st_agg_entry {
 };
 #define ST_AGG_SLOTS 2048 /* power of two; spilled to the writer at 3/4 full */
 
+/* A run of idle polls of one key (type, object, requested count) on one thread (st_idle_poll). */
+struct st_idle_run {
+	uint64_t last_tsc;           /* its last call */
+	uint32_t polls;              /* atomic (the END record reads it): its calls after the first */
+	uint32_t obj, arg;
+	uint16_t type;
+};
+/* Runs open at once on a thread: the empty polls nested in one progress call (ucp_worker_progress over
+ * ibv_poll_cq of two CQs) interleave, and each key keeps its own run while they do. */
+#define ST_IDLE_RUNS 4
+
 struct st_thread {
 	/* hot: the window of the current EVENTS chunk */
 	struct st_event *pos, *lim;
 	struct st_event *base;
 	struct st_chunk *cur;        /* NULL while dropping */
 	struct st_agg_entry *agg_last;
+	uint32_t idle_open;          /* runs of idle polls open (idle[]): the next other record ends them */
+	struct st_idle_run idle[ST_IDLE_RUNS];
 	uint64_t dropped_pending;    /* dropped since the last DROPS record */
 	/* cold */
 	uint64_t dropped_total;
@@ -148,12 +162,12 @@ void st_thread_exit_current(void) ST_HIDDEN;
 static inline struct st_event *st_reserve(unsigned n)
 {
 	struct st_thread *t = st_tls_self;
-	if (likely(t != NULL && t->pos + n <= t->lim)) {
+	if (likely(t != NULL && t->pos + n <= t->lim && !t->idle_open)) {
 		struct st_event *e = t->pos;
 		t->pos = e + n;
 		return e;
 	}
-	return st_reserve_slow(n);
+	return st_reserve_slow(n); /* also ends an open run of idle polls, recording its last call first */
 }
 
 /* Publish what was reserved (one release store to thread-owned memory). */
@@ -202,6 +216,58 @@ static inline void st_ev_ext(uint16_t type, uint16_t aux, uint32_t obj, uint64_t
 			     uint64_t x0, uint16_t x1, uint32_t x2, uint64_t x3)
 {
 	st_ev_ext_at(st_tsc(), type, aux, obj, arg, x0, x1, x2, x3);
+}
+
+/* Full mode: a poll that found nothing (UCP_WORKER_PROGRESS, OFI_CQ_READ, IBV_POLL_CQ with aux 0),
+ * started at tsc.  The first call of a key (type, obj, arg) is recorded and opens a run; the next ones of
+ * that key only move the run's end, while the thread records nothing but idle polls (of any key: the
+ * polls nested in one progress call interleave).  Any other record of the thread ends every open run
+ * (st_reserve -> reserve_slow writes each run's last call, with the calls it stands for at
+ * ST_IDLE_POLLS_SHIFT), as do the thread's end and a key beyond ST_IDLE_RUNS.  Two stores per coalesced
+ * call. */
+struct st_event *st_reserve_idle_slow(void) ST_HIDDEN; /* one record, the open runs left open */
+void st_idle_runs_end(struct st_thread *t) ST_HIDDEN;
+static inline void st_idle_poll(uint64_t tsc, uint16_t type, uint32_t obj, uint32_t arg)
+{
+	struct st_thread *t = st_tls_self;
+	if (likely(t != NULL)) {
+		int end = t->idle_open == ST_IDLE_RUNS; /* no room for another key */
+		for (uint32_t i = 0; i < t->idle_open; i++) {
+			struct st_idle_run *r = &t->idle[i];
+			if (r->type == type && r->obj == obj && r->arg == arg) {
+				if (likely(r->polls < ST_IDLE_POLLS_MAX)) {
+					r->last_tsc = tsc;
+					__atomic_store_n(&r->polls, r->polls + 1, __ATOMIC_RELAXED);
+					return;
+				}
+				end = 1; /* its count is full: this call opens a new run */
+				break;
+			}
+		}
+		if (unlikely(end))
+			st_idle_runs_end(t);
+	}
+	/* the first call of a run: recorded, the other open runs stay open */
+	struct st_event *e;
+	if (likely(t != NULL && t->pos + 1 <= t->lim)) {
+		e = t->pos++;
+	} else {
+		e = st_reserve_idle_slow();
+		if (unlikely(!e))
+			return;
+		t = st_tls_self;
+	}
+	*e = (struct st_event){tsc, type, 0, obj, arg};
+	st_commit();
+	if (likely(!st_cfg.idle_polls_each)) {
+		struct st_idle_run *r = &t->idle[t->idle_open];
+		r->type = type;
+		r->obj = obj;
+		r->arg = arg;
+		r->last_tsc = tsc;
+		__atomic_store_n(&r->polls, 0, __ATOMIC_RELAXED);
+		t->idle_open++;
+	}
 }
 
 /* Aggregate mode: count one operation under (type, aux, obj, peer). */

@@ -82,4 +82,19 @@ void st_end_record_json(struct st_json *j, const struct st_end_facts *f, struct 
 		}
 	}
 	st_json_close(j, '}');
+	/* runs of idle polls still open on threads that outlive the END record: their calls after the first
+	 * (a racy read of a running thread's counter; the first call of each run is in the trace) */
+	st_json_open(j, "open_idle_polls", '{');
+	for (uint32_t i = 0; i < nthreads; i++) {
+		struct st_thread *t = thread_at(i);
+		uint64_t polls = 0;
+		for (uint32_t r = 0; t && r < ST_IDLE_RUNS; r++)
+			polls += __atomic_load_n(&t->idle[r].polls, __ATOMIC_RELAXED);
+		if (polls) {
+			char k[24];
+			utoa(k, t->index);
+			st_json_uint(j, k, polls);
+		}
+	}
+	st_json_close(j, '}');
 }

@@ -18,7 +18,8 @@
  *              (type, opcode, local QPN, peer = dest QPN | peer node << 32)
  *   simple     one IBV_POST_SEND / IBV_POST_RECV / IBV_WR_COMPLETE per call
  *   full       in addition one IBV_SEND_WR / IBV_RECV_WR per work request,
- *              IBV_POLL_CQ per poll (empty ones too), IBV_WC per completion,
+ *              IBV_POLL_CQ per poll (a run of empty ones: its first and last,
+ *              st_idle_poll), IBV_WC per completion,
  *              IBV_REQ_NOTIFY_CQ
  *
  * Post events carry the time the application called; they are written after
@@ -227,7 +228,12 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 		return n;
 	int saved = errno;
 	uint32_t id = st_obj_id(cq, NULL);
-	st_ev(ST_EV_IBV_POLL_CQ, (uint16_t)(n < 0 ? 0xffff : n), id, (uint64_t)(int64_t)num);
+	if (n == 0) { /* empty: a run of them is its first and last poll (st_idle_poll) */
+		st_idle_poll(st_tsc(), ST_EV_IBV_POLL_CQ, id, (uint32_t)num);
+		errno = saved;
+		return n;
+	}
+	st_ev(ST_EV_IBV_POLL_CQ, (uint16_t)(n < 0 ? 0xffff : n), id, (uint32_t)num);
 	for (int i = 0; i < n; i++) {
 		const struct ibv_wc *w = &wc[i];
 		/* byte_len is defined only for successful receive completions;

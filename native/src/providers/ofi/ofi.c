@@ -198,17 +198,22 @@ static void record_completions(const struct ofi_obj *cq, const void *buf, size_t
 	}
 }
 
-/* CQ reads: full mode, every call and every completion; aggregate: counters */
+/* CQ reads: full mode, every call (a run of empty ones as its first and last, st_idle_poll) and every
+ * completion; aggregate: counters */
 static inline __attribute__((always_inline)) void record_cq(uint64_t t0, const struct ofi_obj *cq, const void *buf,
 							    size_t count, ssize_t ret)
 {
 	size_t n = ret > 0 ? (size_t)ret : 0;
 	if (st_aggregate()) {
 		st_agg_add(ST_EV_OFI_CQ_READ, 0, cq->id, 0, n);
+	} else if (!n) {
+		/* requested: its low 32 bits (the high ones carry the polls of a coalesced run) */
+		st_idle_poll(t0, ST_EV_OFI_CQ_READ, cq->id, (uint32_t)count);
 	} else {
 		struct st_event *e = st_reserve(1);
 		if (e) {
-			*e = (struct st_event){t0, ST_EV_OFI_CQ_READ, (uint16_t)(n > 0xffff ? 0xffff : n), cq->id, count};
+			*e = (struct st_event){t0, ST_EV_OFI_CQ_READ, (uint16_t)(n > 0xffff ? 0xffff : n), cq->id,
+					       (uint32_t)count};
 			st_commit();
 		}
 	}

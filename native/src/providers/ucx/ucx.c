@@ -18,7 +18,8 @@
  * and the request pointer; in full mode an operation that completed in place
  * gets a UCP_REQUEST_DONE at once, and the request-test functions record
  * UCP_REQUEST_DONE when they first report completion.  ucp_worker_progress
- * is recorded in full mode only (counted in aggregate mode).
+ * is recorded in full mode only (counted in aggregate mode); a run of empty
+ * ones as its first and last call (st_idle_poll).
  */
 #include <errno.h>
 #include <string.h>
@@ -275,6 +276,8 @@ ST_EXPORT unsigned ucp_worker_progress(ucp_worker_h worker)
 	uint32_t worker_id = st_obj_id(worker, NULL);
 	if (st_aggregate()) {
 		st_agg_add(ST_EV_UCP_WORKER_PROGRESS, 0, worker_id, 0, done);
+	} else if (!done) {
+		st_idle_poll(t0, ST_EV_UCP_WORKER_PROGRESS, worker_id, 0);
 	} else {
 		struct st_event *e = st_reserve(1);
 		if (e) {
