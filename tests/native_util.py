@@ -214,3 +214,31 @@ def restart_mps():
     subprocess.run([ctl], input="quit\n", text=True, capture_output=True, timeout=30)
     time.sleep(1)
     subprocess.run([ctl, "-d"], capture_output=True, timeout=30)
+
+
+def assert_idle_runs_coalesced(cap, process_index, poll_types):
+    """The recorder's form of idle polls (docs/tracer.md, "Idle polls"), checked in each thread's record
+    stream: between two other records of the thread, each key (type, object, requested count) of the empty
+    polls of ``poll_types`` appears as its run's first call (polls 0), then at most once more, as its last
+    call (polls > 0: the calls since the first).  Returns how many runs had a last call."""
+    import numpy as np
+    from sigmatrace.format import events as E
+
+    ev = cap.events
+    mine = (cap.event_process == process_index) & (ev["type"] != E.EXT)
+    runs = 0
+    for th in np.unique(cap.event_thread[mine]).tolist():
+        sel = np.flatnonzero(mine & (cap.event_thread == th))
+        seg = {}
+        for ty, aux, obj, arg in zip(*(ev[c][sel].tolist() for c in ("type", "aux", "obj", "arg"))):
+            if ty in poll_types and aux == 0:
+                seg.setdefault((ty, obj, arg & 0xFFFFFFFF), []).append(arg >> E.IDLE_POLLS_SHIFT)
+                continue
+            for key, polls in seg.items():
+                assert polls == [0] or (len(polls) == 2 and polls[0] == 0 and polls[1] > 0), (th, key, polls)
+                runs += len(polls) == 2
+            seg = {}
+        for key, polls in seg.items():      # the thread's last segment (its end closed the runs)
+            assert polls == [0] or (len(polls) == 2 and polls[0] == 0 and polls[1] > 0), (th, key, polls)
+            runs += len(polls) == 2
+    return runs
