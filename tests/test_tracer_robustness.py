@@ -204,18 +204,19 @@ def test_program_without_traced_libraries_runs_unchanged(tmp_path, cmd):
 def test_bad_configuration_warns_and_uses_defaults(tmp_path, bins):
     out = tmp_path / "t"
     env = traced_env(out, SIGMATRACE_MODE="bogus", SIGMATRACE_BUFFER_KB="lots", SIGMATRACE_PROVIDERS="nope",
-                     SIGMATRACE_DROP_POLICY="maybe", SIGMATRACE_CHUNKS="-3", SIGMATRACE_FLUSH_MS="0")
+                     SIGMATRACE_DROP_POLICY="maybe", SIGMATRACE_CHUNKS="-3", SIGMATRACE_FLUSH_MS="0",
+                     SIGMATRACE_IDLE_POLLS="sometimes")
     r = subprocess.run([bins["tracer_hammer"], "-n", "1000"], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "calls 1000" in r.stdout
     lines = r.stderr.strip().splitlines()
     for var in ("SIGMATRACE_MODE", "SIGMATRACE_BUFFER_KB", "SIGMATRACE_PROVIDERS", "SIGMATRACE_DROP_POLICY",
-                "SIGMATRACE_CHUNKS", "SIGMATRACE_FLUSH_MS"):
+                "SIGMATRACE_CHUNKS", "SIGMATRACE_FLUSH_MS", "SIGMATRACE_IDLE_POLLS"):
         assert sum(var in l for l in lines) == 1, r.stderr
     assert all(l.startswith("sigmatrace: ") for l in lines)
     (p,) = read_capture(out).processes
     opts = p.header["options"]
     assert p.header["mode"] == "simple" and opts["buffer_kb"] == 64 and opts["chunks"] == 64
-    assert opts["drop_policy"] == "drop" and opts["flush_ms"] == 100
+    assert opts["drop_policy"] == "drop" and opts["flush_ms"] == 100 and opts["idle_polls"] == "coalesce"
     assert p.header["providers"] == ["ibv", "mlx5", "cuda", "ucx", "ofi", "nccl"]
 
 
@@ -283,6 +284,7 @@ def test_idle_polls_coalesced(tmp_path, bins, writer):
         (p,) = cap.processes
         assert p.complete and p.end["dropped_events"] == 0 and not p.end["open_idle_polls"], p.end
         assert cap.calls("OFI_CQ_READ") == threads * calls
+        assert p.header["options"]["idle_polls"] == polls
         got[polls] = t = cap.table("OFI_CQ_READ")
         assert (t["returned"] == 0).all() and (t["requested"] == 4).all()
     t = got["coalesce"]

@@ -104,6 +104,7 @@ static int build_process_header(struct st_json *j, int how)
 	st_json_uint(j, "buffer_kb", st_cfg.chunk_bytes / 1024);
 	st_json_uint(j, "chunks", st_cfg.chunks);
 	st_json_str(j, "drop_policy", st_cfg.drop_policy == ST_DROP_BLOCK ? "block" : "drop");
+	st_json_str(j, "idle_polls", st_cfg.idle_polls_each ? "each" : "coalesce");
 	st_json_uint(j, "batch_threshold", st_cfg.batch_threshold);
 	st_json_uint(j, "flush_ms", st_cfg.flush_ms);
 	st_json_uint(j, "calib_ms", st_cfg.calib_ms);
