@@ -46,6 +46,8 @@ def test_engines_agree(tmp_path, mode, shape):
         for cap in caps.values():   # every completion is returned by exactly one recorded poll
             pc = cap.table("IBV_POLL_CQ")
             assert int(pc["returned"].sum()) == cap.count_by_type()["IBV_WC"]
+            # the model writes every empty poll, and its headers say so
+            assert not pc["polls"].any() and {p.header["options"]["idle_polls"] for p in cap.processes} == {"each"}
     else:
         assert polls_s == polls_v == 0
     if mode == "aggregate":

@@ -136,7 +136,10 @@ class Cluster:
                 "hijack": self.tracer.hijack, "wqe_recovery": self.tracer.recovery,
                 "nonblocking": self.tracer.hijack == "nonblocking",
                 "poller_wakeup_ns": self.tracer.poller_wakeup_ns if self.tracer.poller_wakeup_ns is not None
-                else self.timing.poller_wakeup_ns, "buffer_events": 65536}
+                else self.timing.poller_wakeup_ns, "buffer_events": 65536,
+                # the model writes every empty poll (the recorder's SIGMATRACE_IDLE_POLLS=each form; its
+                # default coalesces a run into its first and last call, docs/tracer.md "Idle polls")
+                "idle_polls": "each"}
         opts.update(options or {})
         return {
             "format_version": 1, "process_uid": f"{rec.uid:016x}", "tracer": "sim",

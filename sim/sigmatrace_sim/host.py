@@ -216,7 +216,8 @@ def recovery_helper(cluster, rec, thread, store):
 #              EXT x0 first wr_id, x1 first opcode (send), x2 ret
 #   full       + IBV_SEND_WR per WR (aux opcode|flags<<8, arg wr_id; EXT raddr,
 #              num_sge, rkey, bytes) written before its IBV_POST_SEND, IBV_RECV_WR per
-#              WR, IBV_POLL_CQ per poll (aux returned, arg requested), IBV_WC per
+#              WR, IBV_POLL_CQ per poll (aux returned, arg requested; every empty one, as the
+#              recorder under SIGMATRACE_IDLE_POLLS=each -- header option idle_polls), IBV_WC per
 #              completion (aux status|opcode<<8, arg wr_id; EXT imm, wc_flags, byte_len)
 # ---------------------------------------------------------------------------------
 IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM = 0, 1
