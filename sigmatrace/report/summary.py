@@ -40,10 +40,12 @@ def _rows(con, sql):
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
-def build_summary(corr, con=None, perfetto_stats=None, summed=None):
+def build_summary(corr, con=None, perfetto_stats=None, summed=None, latency=None):
     """summary.json of a report: ``corr``'s small tables, clocks, warnings and statistics; ``con``: the query
     engine over its tables (default: over ``corr``); ``summed``: the ``analysis.summable`` aggregates added up
-    from the parts of the ops table (the cluster report's reduction), else they are queried here."""
+    from the parts of the ops table (the cluster report's reduction), else they are queried here;
+    ``latency``: ``analysis.op_latency`` already computed (the report computes it once for this and the
+    latency figure), else it is queried here."""
     con = con or connect(corr)
     S = (lambda name: summed_rows(summed, name)) if summed is not None else (lambda name: summable(con, name))
     T = corr.tables
@@ -117,7 +119,9 @@ def build_summary(corr, con=None, perfetto_stats=None, summed=None):
         if n_lat else (0, 0)
     s["wr_latency_ns"] = ({"count": int(n_lat), "mean": float(mean), "p50": float(p50), "p99": float(p99),
                            "max": int(mx)} if n_lat else {"count": 0})
-    s["latency"] = [{k: v for k, v in g.items() if k != "hist"} for g in op_latency(con, hist=False)]
+    if latency is None:
+        latency = op_latency(con, hist=False)
+    s["latency"] = [{k: v for k, v in g.items() if k != "hist"} for g in latency]
     if perfetto_stats:
         s["perfetto"] = perfetto_stats
     s["untraced_libraries"] = [dict(e, notice=untraced_notice(e)) for e in corr.stats.get("untraced_libraries", [])]
