@@ -19,7 +19,7 @@ reads each worker's peak RSS (ru_maxrss) before closing it.
      one capture.bin; --cluster local:2, one run each, SIGMATRACE_CLUSTER_PART_BYTES as set): peak RSS per
      worker and of the driver, decode tasks, the largest part; -k memory_vs_size.
   4. SIGMATRACE_BENCH_HUGE=1: one run on BENCH_CLUSTER_HUGE_EVENTS (default 300 M) with the modes of
-     BENCH_HUGE_MODES (default cluster:2), at the end.
+     BENCH_HUGE_MODES (default cluster:2), at the end; BENCH_CLUSTER_HUGE_PROCESSES (64, 128 or 256) files.
 
     python -m pytest benchmarks/bench_cluster.py -s -p no:cacheprovider
 """
@@ -41,6 +41,7 @@ EVENTS = int(float(os.environ.get("BENCH_CLUSTER_EVENTS", 2e6)))
 REPEAT = max(1, int(os.environ.get("BENCH_REPEAT", 3)))
 SCALE = [int(float(x)) for x in os.environ.get("BENCH_CLUSTER_SCALE", "2e6,4e6,8e6,16e6").split(",") if x]
 HUGE = int(float(os.environ.get("BENCH_CLUSTER_HUGE_EVENTS", 300e6)))
+HUGE_PROCESSES = int(os.environ.get("BENCH_CLUSTER_HUGE_PROCESSES", 128))    # 64, 128 or 256 (TOPOLOGY)
 MEM_SIZES = [int(float(x)) for x in os.environ.get("BENCH_CLUSTER_MEM_SIZES", "5e6,20e6,50e6").split(",") if x]
 # process files -> (nodes, GPUs per node) of the workload, and its events per iteration (measured)
 TOPOLOGY = {64: (16, 4), 128: (32, 4), 256: (64, 4)}
@@ -49,7 +50,7 @@ PAPER = dict(events=2_000_000_000, processes=1024, workers=(16, 64))
 # stages of the cluster report (driver.stage_s): the task rounds (next to the data, in parallel) and the
 # global stages (the driver, or a reduction); the driver's Perfetto, summary and figures are global too
 TASKS = ("plan_tasks", "decode_tasks", "local_tasks", "match_tasks", "pair_tasks", "refine_window_tasks",
-         "write_tasks", "summary_reduce_tasks")
+         "write_tasks", "summary_reduce_tasks", "latency_reduce_tasks")
 GLOBAL = ("identity_topology", "offsets_units", "refine", "final_tables", "small_tables", "perfetto_window",
           "perfetto_s", "summary_s", "figures_s")
 
@@ -289,8 +290,8 @@ def test_huge_capture(tmp_path):
     """One run per mode of BENCH_HUGE_MODES on a BENCH_CLUSTER_HUGE_EVENTS capture (niced)."""
     d = Path(os.environ.get("BENCH_DIR") or tmp_path)
     cap = d / "allreduce_huge.bin"
-    n, gen_s = make_capture(cap, HUGE)
-    print(f"\nhuge capture: {n:,} events, {cap.stat().st_size / 2**30:.1f} GiB, 128 processes "
+    n, gen_s = make_capture(cap, HUGE, HUGE_PROCESSES)
+    print(f"\nhuge capture: {n:,} events, {cap.stat().st_size / 2**30:.1f} GiB, {HUGE_PROCESSES} processes "
           f"(written in {gen_s:.0f} s)")
     rows = []
     try:

@@ -137,6 +137,47 @@ def test_figure_sums_equal_the_queries(synthetic, tmp_path, client):
         assert m.sum() > 0 and (m == m2).all() and (c == c2).all(), level
 
 
+def test_driver_reads_no_per_record_rows(synthetic, tmp_path, client, monkeypatch):
+    """With the cluster, the summary and the figures (latency groups, their exact quantiles and histograms,
+    per-QP bandwidth, skew, top talkers / pairs, doorbell and WQE counts included) come from reductions over
+    the parts: the driver's own query connection, whose ops, doorbells, wqes and events views raise on their
+    first row, still gives the local report's summary, figures drawn."""
+    import sigmatrace.report.build as B
+    from sigmatrace.query import _table_sources
+    real = B.connect
+
+    def guarded(source):
+        con = real(source)
+        for name, src in _table_sources(Path(source) / "tables"):
+            if name in ("ops", "doorbells", "wqes", "events"):
+                con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM {src} '
+                            f"WHERE error('the driver read a row of {name}') IS NULL")
+        return con
+    kw = dict(workers=2, quiet=True, max_perfetto_events=WINDOW)
+    build_report(synthetic, tmp_path / "local", **kw)
+    monkeypatch.setattr(B, "connect", guarded)
+    _, s, _ = build_report(synthetic, tmp_path / "cluster", cluster=client, **kw)
+    assert not [w for w in s["warnings"] if "figures" in w], s["warnings"]
+    assert len(list((tmp_path / "cluster" / "figures").glob("latency*"))) > 0
+    assert s["latency"] and s["wr_latency_ns"]["count"] > 0 and s["per_qp"] and s["top_pairs"], s
+    _same_report(tmp_path / "local", tmp_path / "cluster")
+    # control: the guard does raise where the driver reads those rows (the local report's summary does)
+    with pytest.raises(Exception, match="the driver read a row of ops"):
+        build_report(synthetic, tmp_path / "guarded-local", **kw)
+
+
+def test_latency_of_qps_across_parts_is_queried(synthetic, tmp_path, client, monkeypatch):
+    """When some QP's rows are in two parts (its intervals would cross them), the driver queries the written
+    tables for the latency groups instead: still the local report's summary."""
+    import sigmatrace.cluster.driver as D
+    kw = dict(workers=2, quiet=True, max_perfetto_events=WINDOW, figures=False)
+    build_report(synthetic, tmp_path / "local", **kw)
+    monkeypatch.setattr(D, "_qps_in_one_part", lambda sums: False)
+    corr, _, _ = build_report(synthetic, tmp_path / "cluster", cluster=client, **kw)
+    assert corr.latency is None
+    _same_report(tmp_path / "local", tmp_path / "cluster")
+
+
 def test_planned_decode_tasks_grow_with_the_file(tmp_path):
     """For a fixed part size the planned byte ranges (one decode task each) grow with the file -- one huge
     process too -- each at most the part size (or one chunk), covering the file; the plan reads the chunk
@@ -180,7 +221,7 @@ class _KillOnce(distributed.WorkerPlugin):
 
 @pytest.mark.parametrize("stage", ["sigmatrace-correlate", "sigmatrace-pairs", "sigmatrace-tables",
                                    "sigmatrace-earliest", "sigmatrace-perfetto", "sigmatrace-summary",
-                                   "sigmatrace-summed"])
+                                   "sigmatrace-summed", "sigmatrace-latency", "sigmatrace-quantiles1"])
 def test_worker_killed_mid_report(stage, synthetic, tmp_path, client, fresh_client):
     """A worker ends (os._exit, as a node failure) when a task of the stage starts: Dask runs its tasks again
     elsewhere and the report equals the undisturbed one (made on the module's cluster)."""
@@ -295,7 +336,7 @@ def _driver_held(tmp_path, client, scale, force_gather=False):
                            doorbells_per_qp=40 * scale, levels=4 * scale, pingpongs=50 * scale)
     _, s, tm = build_report(d, tmp_path / f"out{scale}{force_gather}", cluster=client, workers=2, figures=False,
                             quiet=True, max_perfetto_events=WINDOW)
-    return s["events"], Held(tm["cluster_driver_rows"])
+    return s["events"], Held(tm["cluster_driver_rows"]), len(s["latency"])
 
 
 def test_driver_holds_no_per_event_data(tmp_path, client, monkeypatch):
@@ -307,16 +348,26 @@ def test_driver_holds_no_per_event_data(tmp_path, client, monkeypatch):
     import sigmatrace.cluster.driver as D
     import sigmatrace.tables.parquet as PQ
     monkeypatch.setattr(PQ, "JOIN_BATCH_ROWS", 64)     # the join's batches filled at both sizes
-    (n1, h1), (n4, h4) = _driver_held(tmp_path, client, 1), _driver_held(tmp_path, client, 4)
+    import sigmatrace.analysis.quantile as Q
+    monkeypatch.setattr(Q, "BUCKET_BITS", 6)        # the driver picks each pass's buckets: 64 per range here
+    (n1, h1, _), (n4, h4, groups4) = _driver_held(tmp_path, client, 1), _driver_held(tmp_path, client, 4)
     assert n4 >= 3.5 * n1, (n1, n4)
     assert 0 < h4.per_record() <= h1.per_record(), (h1.rows, h4.rows)
-    assert 0 < h4.gathered_bytes() <= 1.02 * h1.gathered_bytes(), (h1.rows, h4.rows)
+    # the latency quantiles' passes return at most 2**BUCKET_BITS buckets per range searched (a group's, or
+    # one rank's within it): bounded by the groups, not the values, but at these sizes every value is a
+    # bucket of its own, so those bytes are checked against that bound instead
+    q1, q4 = ({k: v for k, v in h.rows.items() if k.startswith("bytes:quantiles")} for h in (h1, h4))
+    assert q1 and q4, h4.rows
+    for k, v in q4.items():
+        assert v <= (groups4 + 1) * 6 * (2 ** Q.BUCKET_BITS * 16 + 512), (k, v, groups4)
+    assert 0 < h4.gathered_bytes(exclude=("barriers", *(k[6:] for k in q4))) <= \
+        1.02 * h1.gathered_bytes(exclude=("barriers", *(k[6:] for k in q1))), (h1.rows, h4.rows)
     assert h4.rows["barrier_arrivals"] >= 3.5 * h1.rows["barrier_arrivals"] > 0, (h1.rows, h4.rows)
     # control: the counter sees per-event data when the driver holds it
     real = D._barriers
     monkeypatch.setattr(D, "_barriers", lambda R, out, parts, active, counts, held: real(
         R, out, parts, active, [dict(c, participant=np.zeros_like(c["participant"])) for c in counts], held))
-    (_, g1), (_, g4) = (_driver_held(tmp_path, client, s, force_gather=True) for s in (1, 4))
+    (_, g1, _), (_, g4, _) = (_driver_held(tmp_path, client, s, force_gather=True) for s in (1, 4))
     assert g4.rows["barrier_candidates"] >= 3.5 * g1.rows["barrier_candidates"] > 0, (g1.rows, g4.rows)
     assert g4.per_record() > g1.per_record()      # what the first assertion would have caught
 

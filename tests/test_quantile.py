@@ -53,3 +53,28 @@ def test_bounded_where_duckdb_is_not():
     got = Q.grouped_quantiles(con, src, [], "v", (0.5, 0.99))[()]
     ref = np.quantile(duckdb.connect().execute(src).fetchnumpy()["v"], (0.5, 0.99))
     assert got == list(ref)
+
+
+@pytest.mark.parametrize("bits", [3, 16])
+def test_selection_over_parts_equals_numpy(bits, monkeypatch):
+    """The cluster report's way: each part counts its own sorted values per range (count_buckets), the counts
+    are merged in any grouping (merge_counts) and fed to one Selection: numpy.quantile of all the values."""
+    monkeypatch.setattr(Q, "BUCKET_BITS", bits)
+    rng = np.random.default_rng(100 + bits)
+    for trial in range(20):
+        groups = {}
+        for g in ("a", ("k", 1), None):
+            n = int(rng.integers(1, 3000))
+            e = int(rng.integers(1, 18))
+            groups[g] = rng.integers(-10 ** e if trial % 2 else 0, 10 ** e, n)
+        cut = {g: np.sort(rng.integers(0, len(v) + 1, 3)) for g, v in groups.items()}
+        parts = [{g: np.sort(np.split(v, cut[g])[i]) for g, v in groups.items()} for i in range(4)]
+        S = Q.Selection({g: (len(v), int(v.min()), int(v.max())) for g, v in groups.items()}, QS)
+        passes = 0
+        while S.targets:
+            passes += 1
+            rg = S.ranges()
+            c = [Q.count_buckets(p, rg) for p in parts]
+            S.feed_ranges(Q.merge_counts(Q.merge_counts(c[0], c[1]), Q.merge_counts(c[2]), c[3]))
+        assert S.result() == {g: list(np.quantile(v, QS)) for g, v in groups.items()}
+        assert passes <= -(-64 // bits) + 1

@@ -11,6 +11,7 @@ import numpy as np
 from ..query import connect, named_queries, run_named
 from .figures import bandwidth_figure, barrier_figure, fmt_bytes, fmt_ns, heatmap, latency_figure
 from .quantile import grouped_quantiles
+from .summable import LATENCY_BINS_PER_DECADE, LATENCY_HIST, LATENCY_KEY, LATENCY_SAMPLES, latency_samples, summable
 
 LEVELS = ("node", "rank", "gpu", "qp")
 
@@ -64,10 +65,10 @@ def comm_matrix(source, level="node", rows=None):
     return labels, m, c
 
 
-def skew(source, level="node"):
-    """Egress/ingress imbalance (max/min) and heaviest pair vs mean pair (inter-node pairs for nodes)."""
-    con = _con(source)
-    r = _rows(con, "skew_node" if level == "node" else "skew_gpu")
+def skew(source, level="node", rows=None):
+    """Egress/ingress imbalance (max/min) and heaviest pair vs mean pair (inter-node pairs for nodes);
+    ``rows``: the named query's rows when they were computed elsewhere (the cluster report's split query)."""
+    r = rows if rows is not None else _rows(_con(source), "skew_node" if level == "node" else "skew_gpu")
     return {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in (r[0] if r else {}).items()}
 
 
@@ -110,37 +111,86 @@ def named_sql(name):
     return named_queries()[name].strip().rstrip(";")
 
 
-LATENCY_BINS_PER_DECADE = 1000     # 0.23 % wide bins: ~24 ns at 10 µs
+LATENCY_QS = (0.5, 0.9, 0.99)      # the latency groups' quantiles (the summary's wr_latency: the first and last)
 
 
-def op_latency(source, hist=True):
-    """Latency per (operation kind, source, measure) from the named query op_latency (docs/report.md): count,
-    mean, p50, p90, p99, max and, with ``hist``, a histogram of LATENCY_BINS_PER_DECADE log bins per decade
-    [(lo_ns, hi_ns, count), ...] (the figure's CDF; bounded whatever the number of operations)."""
+def latency_reduction(source, hist=True):
+    """What the latency analyses need, over everything ``source`` sees: ``summable.LATENCY``'s rows (per
+    group count, sum, min, max; the work requests' latencies), with ``hist`` the figure's histogram, and the
+    quantiles LATENCY_QS of every group (``analysis.quantile``, exact) -- {"sums": {name: rows},
+    "quantiles": {group key: [...]}, "wr_quantiles": [...] or None}.  The cluster report builds the same
+    from its parts (sigmatrace.cluster.driver)."""
     con = _con(source)
-    q = named_sql("op_latency")
-    groups = _q(con, f"SELECT kind, source, measure, count(*) AS count, avg(value_ns) AS mean_ns, "
-                     f"min(value_ns) AS min_ns, max(value_ns) AS max_ns "
-                     f"FROM ({q}) GROUP BY ALL ORDER BY measure, count DESC, kind, source")
-    if groups:   # exact quantiles in bounded memory (analysis.quantile; DuckDB's quantile_cont holds every value)
-        pq = grouped_quantiles(con, q, ("kind", "source", "measure"), "value_ns", (0.5, 0.9, 0.99))
-        for g in groups:
-            p50, p90, p99 = pq[(g["kind"], g["source"], g["measure"])]
-            mn, mx = g.pop("min_ns"), g.pop("max_ns")
-            g.update(p50_ns=p50, p90_ns=p90, p99_ns=p99, min_ns=mn, max_ns=mx)
-    if hist and groups:
-        k = LATENCY_BINS_PER_DECADE
-        rows = con.execute(f"SELECT kind, source, measure, floor(log10(greatest(value_ns, 1)) * {k})::BIGINT AS b, "
-                           f"count(*) FROM ({q}) GROUP BY ALL ORDER BY kind, source, measure, b").fetchall()
-        by = {}
-        for kind, src, m, b, n in rows:
-            by.setdefault((kind, src, m), []).append((10 ** (b / k), 10 ** ((b + 1) / k), int(n)))
-        for g in groups:
-            g["hist"] = by.get((g["kind"], g["source"], g["measure"]), [])
+    latency_samples(con)
+    sums = {n: summable(con, n) for n in ("latency_groups", "wr_latency") + ((LATENCY_HIST,) if hist else ())}
+    q = grouped_quantiles(con, f"SELECT * FROM {LATENCY_SAMPLES}", LATENCY_KEY, "value_ns", LATENCY_QS)
+    wr = grouped_quantiles(con, "SELECT latency_ns FROM ops", (), "latency_ns", LATENCY_QS).get(())
+    return {"sums": sums, "quantiles": q, "wr_quantiles": wr}
+
+
+def latency_values(con):
+    """{group key: its values, sorted (int64)} of LATENCY_SAMPLES, and {("wr",): the work requests' measured
+    latencies}: a part's values for the cluster report's quantile passes (``quantile.count_buckets``)."""
+    t = _arrow(con, f"SELECT kind, source, measure, value_ns FROM {LATENCY_SAMPLES} "
+                    f"ORDER BY kind, source, measure, value_ns")
+    v = t.column("value_ns").to_numpy().astype(np.int64)
+    keys = list(zip(*(t.column(c).to_pylist() for c in LATENCY_KEY)))
+    out, lo = {}, 0
+    for hi in range(1, len(keys) + 1):
+        if hi == len(keys) or keys[hi] != keys[lo]:
+            out[keys[lo]] = v[lo:hi]
+            lo = hi
+    w = _arrow(con, "SELECT latency_ns FROM ops WHERE latency_ns IS NOT NULL ORDER BY 1")
+    out[("wr",)] = w.column(0).to_numpy().astype(np.int64)
+    return out
+
+
+def _arrow(con, sql):
+    """A query's rows as a pyarrow Table (a relation's ``to_arrow_table`` since DuckDB 1.4, ``arrow`` before)."""
+    rel = con.sql(sql)
+    f = getattr(rel, "to_arrow_table", None) or rel.arrow
+    return f()
+
+
+def _last_none(x):
+    return (x is None, x)
+
+
+def op_latency_groups(red, hist=True):
+    """The latency groups from a ``latency_reduction`` (docs/report.md, "Latency figure"): per (operation
+    kind, source, measure) count, mean, p50, p90, p99, min, max and, with ``hist``, a histogram of
+    LATENCY_BINS_PER_DECADE log bins per decade [(lo_ns, hi_ns, count), ...] (the figure's CDF; bounded
+    whatever the number of operations), ordered by measure, count (largest first), kind, source."""
+    k = LATENCY_BINS_PER_DECADE
+    by = {}
+    if hist:
+        for r in red["sums"][LATENCY_HIST]:
+            by.setdefault(tuple(r[c] for c in LATENCY_KEY), []).append((10 ** (r["b"] / k), 10 ** ((r["b"] + 1) / k),
+                                                                      int(r["count"])))
+    groups = []
+    for r in red["sums"]["latency_groups"]:
+        key = tuple(r[c] for c in LATENCY_KEY)
+        p50, p90, p99 = red["quantiles"][key]
+        g = dict(zip(LATENCY_KEY, key), count=int(r["count"]), mean_ns=r["sum_ns"] / r["count"], p50_ns=p50,
+                 p90_ns=p90, p99_ns=p99, min_ns=int(r["min_ns"]), max_ns=int(r["max_ns"]))
+        if hist:
+            g["hist"] = sorted(by.get(key, []))
+        groups.append(g)
+    groups.sort(key=lambda g: (_last_none(g["measure"]), -g["count"], _last_none(g["kind"]), _last_none(g["source"])))
     return groups
 
 
-def _q(con, sql):
-    cur = con.execute(sql)
-    cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur.fetchall()]
+def wr_latency(red):
+    """The summary's wr_latency_ns from a ``latency_reduction``: count, mean, p50, p99, max of the work
+    requests' measured post -> completion latencies ({"count": 0} without any)."""
+    r = red["sums"]["wr_latency"][0]
+    if not r["count"]:
+        return {"count": 0}
+    p50, _, p99 = red["wr_quantiles"]
+    return {"count": int(r["count"]), "mean": r["sum_ns"] / r["count"], "p50": float(p50), "p99": float(p99),
+            "max": int(r["max_ns"])}
+
+
+def op_latency(source, hist=True):
+    """The latency groups (``op_latency_groups``) over everything ``source`` sees."""
+    return op_latency_groups(latency_reduction(source, hist=hist), hist=hist)

@@ -39,6 +39,103 @@ def _ranks(n, qs):
     return out
 
 
+class Selection:
+    """The radix selection of the order statistics that ``qs`` need, per group, from the groups' counts, mins
+    and maxes: ``targets`` lists the ranks still to find ([group, rank, lo, hi, below]: the rank lies in
+    [lo, hi], ``below`` values of the group are smaller than lo); ``buckets()`` gives each its bucket width
+    this pass; ``feed`` takes the counts of the values in each target's range per bucket, however they were
+    counted (a DuckDB query here, the sum of every part's counts in the cluster report) and narrows the ranges;
+    ``result()`` once no target is left."""
+
+    def __init__(self, stats, qs):
+        self.plan, self.found, self.targets = {}, {}, []    # found: (group, rank) -> value
+        for g, (n, lo, hi) in stats.items():
+            if not n:
+                continue
+            self.plan[g] = (int(n), _ranks(int(n), qs))
+            for r in sorted({r for p, x, _ in self.plan[g][1] for r in (p, x)}):
+                if lo == hi:
+                    self.found[(g, r)] = int(lo)
+                else:
+                    self.targets.append([g, r, int(lo), int(hi), 0])
+
+    def buckets(self):
+        """[(target id, group, lo, hi, shift)]: this pass counts the values v of ``group`` in [lo, hi] per
+        bucket (v - lo) >> shift (at most 2**BUCKET_BITS buckets per target)."""
+        return [(tid, g, lo, hi, max(0, (hi - lo).bit_length() - BUCKET_BITS))
+                for tid, (g, _, lo, hi, _) in enumerate(self.targets)]
+
+    def ranges(self):
+        """This pass's distinct (group, lo, hi, shift) of ``buckets()`` (the targets of one group share their
+        range until their ranks part): what ``count_buckets`` counts."""
+        return sorted({b[1:] for b in self.buckets()}, key=lambda r: (repr(r[0]), r[1:]))
+
+    def feed(self, by):
+        """``by``: {target id: (buckets, counts)} of this pass's ``buckets()`` (arrays, in bucket order)."""
+        left = []
+        for (tid, _, _, _, shift), t in zip(self.buckets(), self.targets):
+            g, r, lo, hi, below = t
+            b, c = by.get(tid, ((), ()))
+            acc = below + np.cumsum(np.asarray(c, np.int64))
+            i = int(np.searchsorted(acc, r, "right"))      # the first bucket whose running count passes r
+            if i >= len(acc):   # cannot happen: the ranges hold the rank
+                raise RuntimeError(f"quantile selection lost rank {r} of group {g}")
+            nlo = lo + (int(b[i]) << shift)
+            nhi = min(hi, nlo + (1 << shift) - 1)
+            if nlo == nhi:
+                self.found[(g, r)] = nlo
+            else:
+                left.append([g, r, nlo, nhi, int(acc[i - 1]) if i else below])
+        self.targets = left
+
+    def feed_ranges(self, counts):
+        """``feed`` from counts per range ({(group, lo, hi, shift): (buckets, counts)}: ``count_buckets``)."""
+        self.feed({b[0]: counts[b[1:]] for b in self.buckets() if b[1:] in counts})
+
+    def result(self):
+        """{group: [quantile for each of qs]} (numpy.quantile linear)."""
+        return {g: [_lerp(self.found[(g, p)], self.found[(g, x)], t) for p, x, t in rk]
+                for g, (n, rk) in self.plan.items()}
+
+
+def count_buckets(sorted_values, ranges):
+    """A pass's counts over one part's values: ``sorted_values`` {group: its values, sorted (int64)},
+    ``ranges`` ``Selection.ranges()``; {range: (buckets uint64, counts int64)}, the buckets that hold values,
+    in order.  Exact with any int64 values; at most 2**BUCKET_BITS buckets per range, whatever the values."""
+    out = {}
+    for rng in ranges:
+        g, lo, hi, shift = rng
+        v = sorted_values.get(g)
+        if v is None or not len(v):
+            continue
+        a, b = np.searchsorted(v, lo, "left"), np.searchsorted(v, hi, "right")
+        if a == b:
+            continue
+        # v - lo in [0, hi - lo] < 2**64: exact in uint64 arithmetic whatever the signs
+        d = v[a:b].view(np.uint64) - np.uint64(lo % (1 << 64))
+        ub, uc = np.unique(d >> np.uint64(shift), return_counts=True)
+        out[rng] = (ub, uc.astype(np.int64))
+    return out
+
+
+def merge_counts(*parts):
+    """The sum of several ``count_buckets`` results (any grouping), each range's buckets in order."""
+    acc = {}
+    for p in parts:
+        for rng, bc in p.items():
+            acc.setdefault(rng, []).append(bc)
+    out = {}
+    for rng, got in acc.items():
+        if len(got) == 1:
+            out[rng] = got[0]
+            continue
+        ub, inv = np.unique(np.concatenate([b for b, _ in got]), return_inverse=True)
+        n = np.zeros(len(ub), np.int64)
+        np.add.at(n, inv, np.concatenate([c for _, c in got]))
+        out[rng] = (ub, n)
+    return out
+
+
 def grouped_quantiles(con, source, keys, value, qs):
     """{group: [quantile of ``value`` for each of ``qs``]} over the rows of ``source`` (SQL of a relation)
     where ``value`` (an integer column) is not NULL, per distinct tuple of the ``keys`` columns (``()``: one
@@ -49,60 +146,28 @@ def grouped_quantiles(con, source, keys, value, qs):
     grp = f"GROUP BY {kcols}" if keys else ""
     stats = con.execute(f'SELECT {sel}count("{value}"), min("{value}"), max("{value}") FROM ({source}) '
                         f'WHERE "{value}" IS NOT NULL {grp}').fetchall()
-    found, targets = {}, []          # (group, rank) -> value; targets: [group, rank, lo, hi, below]
-    plan = {}
-    for row in stats:
-        g, (n, lo, hi) = tuple(row[:len(keys)]), row[len(keys):]
-        if not n:
-            continue
-        plan[g] = (int(n), _ranks(int(n), qs))
-        for r in sorted({r for p, x, _ in plan[g][1] for r in (p, x)}):
-            if lo == hi:
-                found[(g, r)] = int(lo)
-            else:
-                targets.append([g, r, int(lo), int(hi), 0])
-    name = None
-    try:
-        while targets:
-            if name is None:
-                _seq[0] += 1
-                name = f"_sigmatrace_quantile_targets_{_seq[0]}"
-            shift = [max(0, (hi - lo).bit_length() - BUCKET_BITS) for _, _, lo, hi, _ in targets]
-            cols = {f"k{i}": [t[0][i] for t in targets] for i in range(len(keys))}
-            import pyarrow as pa
-            tab = pa.table(dict(cols, tid=np.arange(len(targets), dtype=np.int64),
-                                lo=np.array([t[2] for t in targets], np.int64),
-                                hi=np.array([t[3] for t in targets], np.int64), shift=np.array(shift, np.int64)))
-            con.register(name, tab)
+    S = Selection({tuple(row[:len(keys)]): row[len(keys):] for row in stats}, qs)
+    _seq[0] += 1
+    name = f"_sigmatrace_quantile_targets_{_seq[0]}"
+    import pyarrow as pa
+    while S.targets:
+        bk = S.buckets()
+        cols = {f"k{i}": [g[i] for _, g, _, _, _ in bk] for i in range(len(keys))}
+        tab = pa.table(dict(cols, tid=np.array([b[0] for b in bk], np.int64),
+                            lo=np.array([b[2] for b in bk], np.int64),
+                            hi=np.array([b[3] for b in bk], np.int64), shift=np.array([b[4] for b in bk], np.int64)))
+        con.register(name, tab)
+        try:
             on = " AND ".join([f's."{k}" IS NOT DISTINCT FROM t.k{i}' for i, k in enumerate(keys)] +
                               [f's."{value}" BETWEEN t.lo AND t.hi'])
             got = con.execute(f'SELECT t.tid, (s."{value}"::HUGEINT - t.lo) >> t.shift AS b, count(*) '
                               f'FROM ({source}) s JOIN {name} t ON {on} GROUP BY ALL ORDER BY 1, 2').fetchall()
+        finally:
             con.unregister(name)
-            by = {}
-            for tid, b, c in got:
-                by.setdefault(int(tid), []).append((int(b), int(c)))
-            left = []
-            for tid, t in enumerate(targets):
-                g, r, lo, hi, below = t
-                acc = below
-                for b, c in by.get(tid, ()):
-                    if acc + c > r:
-                        nlo = lo + (b << shift[tid])
-                        nhi = min(hi, nlo + (1 << shift[tid]) - 1)
-                        if nlo == nhi:
-                            found[(g, r)] = nlo
-                        else:
-                            left.append([g, r, nlo, nhi, acc])
-                        break
-                    acc += c
-                else:   # cannot happen: the ranges hold the rank
-                    raise RuntimeError(f"quantile selection lost rank {r} of group {g}")
-            targets = left
-    finally:
-        if name is not None:
-            try:
-                con.unregister(name)
-            except Exception:   # noqa: BLE001 -- already unregistered
-                pass
-    return {g: [_lerp(found[(g, p)], found[(g, x)], t) for p, x, t in rk] for g, (n, rk) in plan.items()}
+        by = {}
+        for tid, b, c in got:
+            by.setdefault(int(tid), ([], []))
+            by[int(tid)][0].append(int(b))
+            by[int(tid)][1].append(int(c))
+        S.feed(by)
+    return S.result()

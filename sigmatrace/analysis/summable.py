@@ -34,11 +34,106 @@ SUMMABLE = {
 BINNED = {f"bandwidth_{k}_bins": (f"SELECT {k}, ns // {{bin_ns}} * {{bin_ns}} AS ns, sum(bytes) AS bytes FROM ops "
                                   f"WHERE {k} >= 0 GROUP BY ALL", (k, "ns"), ("bytes",)) for k in ("gpu", "node")}
 SUMMABLE.update(BINNED)
+# The summary's counts over the other per-record tables (the cluster report: over each part's files)
+SUMMABLE.update({
+    "doorbell_counts": ("SELECT count(*) AS doorbells, coalesce(sum(complete::INTEGER), 0) AS recovered, "
+                        "coalesce(sum((wqes > 1)::INTEGER), 0) AS coalesced, coalesce(sum(lost_wqebbs), 0) AS lost_wqebbs "
+                        "FROM doorbells", (), ("doorbells", "recovered", "coalesced", "lost_wqebbs")),
+    "wqe_count": ("SELECT count(*) AS wqes FROM wqes", (), ("wqes",)),
+})
+# The latency analyses (analysis.op_latency, the summary's wr_latency): per group counts, sums and extremes of
+# the named query op_latency's samples (LATENCY_SAMPLES, ``latency_samples``) and of the work requests'
+# measured latencies; the figure's histogram (LATENCY_BINS_PER_DECADE log bins per decade) per group; and, for
+# the cluster report, which parts hold each QP's rows (op_latency's intervals follow each QP's posts, so its
+# samples are a part's own only while no QP has rows in two parts).  Their quantiles: analysis.quantile.
+LATENCY_SAMPLES = "_sigmatrace_latency_samples"
+LATENCY_BINS_PER_DECADE = 1000     # 0.23 % wide bins: ~24 ns at 10 µs
+LATENCY_KEY = ("kind", "source", "measure")
+SUMMABLE.update({
+    "latency_groups": (f"SELECT kind, source, measure, count(*) AS count, sum(value_ns) AS sum_ns, "
+                       f"min(value_ns) AS min_ns, max(value_ns) AS max_ns FROM {LATENCY_SAMPLES} GROUP BY ALL",
+                       LATENCY_KEY, ("count", "sum_ns", "min_ns", "max_ns"), ("sum", "sum", "min", "max")),
+    "wr_latency": ("SELECT count(latency_ns) AS count, sum(latency_ns) AS sum_ns, min(latency_ns) AS min_ns, "
+                   "max(latency_ns) AS max_ns FROM ops", (), ("count", "sum_ns", "min_ns", "max_ns"),
+                   ("sum", "sum", "min", "max")),
+    "latency_qps": ("SELECT qp_id, count(*) AS parts FROM (SELECT DISTINCT qp_id FROM ops WHERE qp_id >= 0 UNION "
+                    "SELECT DISTINCT qp_id FROM doorbells WHERE qp_id >= 0) GROUP BY ALL", ("qp_id",), ("parts",)),
+    "latency_hist": (f"SELECT kind, source, measure, "
+                     f"floor(log10(greatest(value_ns, 1)) * {LATENCY_BINS_PER_DECADE})::BIGINT AS b, count(*) AS count "
+                     f"FROM {LATENCY_SAMPLES} GROUP BY ALL", LATENCY_KEY + ("b",), ("count",)),
+})
+LATENCY = ("latency_groups", "wr_latency", "latency_qps")
+LATENCY_HIST = "latency_hist"
 MERGE = {"sum": lambda a, b: a + b, "min": min, "max": max}
+
+
+def latency_samples(con, materialize=False):
+    """LATENCY_SAMPLES on ``con``: the named query op_latency's rows (kind, source, measure, value_ns), a view
+    (each use runs the query again) or, with ``materialize``, a temporary table."""
+    what = "TABLE" if materialize else "VIEW"
+    con.execute(f"CREATE OR REPLACE TEMP {what} {LATENCY_SAMPLES} AS {_named('op_latency')}")
+
+# Named queries split in two: their first CTE, ``part``, is the only thing they read from ops -- per-key
+# counts, sums and extremes with BIGINT columns -- and the rest reads ``part`` (and the small tables).  The
+# cluster report runs ``part`` on every part of the ops table, merges the rows (the value columns by the rule
+# given here, the others are the key) and runs the rest on the merged rows (``split_rest``): the rows a key
+# gets are the same however the ops rows were split, so the query's result is the same as over the whole table.
+SPLIT = {
+    "qp_bandwidth": {"bytes": "sum", "ops": "sum", "first_ns": "min", "last_ns": "max"},
+    "skew_node": {"bytes": "sum"},
+    "skew_gpu": {"bytes": "sum"},
+    "top_talkers": {"bytes": "sum", "ops": "sum"},
+    "top_pairs": {"bytes": "sum", "ops": "sum"},
+}
+
+
+def _split(name):
+    """(the ``part`` CTE's body, the text before it, the text after it) of the named query ``name``."""
+    sql = _named(name)
+    head = "WITH part AS ("
+    i = sql.find(head)
+    if i < 0:
+        raise ValueError(f"named query {name} has no `WITH part AS (` CTE")
+    depth, j = 1, i + len(head)
+    while depth:
+        depth += {"(": 1, ")": -1}.get(sql[j], 0)
+        j += 1
+    return sql[i + len(head):j - 1], sql[:i + len(head)], sql[j - 1:]
+
+
+for _q, _vals in SPLIT.items():
+    SUMMABLE[f"{_q}.part"] = (None, (), tuple(_vals), tuple(_vals.values()))
+
+
+def split_rest(con, name, merged):
+    """Rows ({column: value}) of the named query ``name`` (one of SPLIT) with its ``part`` CTE replaced by
+    ``merged``'s rows of ``name.part``: the query over every part, from the parts' sums."""
+    import numpy as np
+    import pyarrow as pa
+    cols, got = merged[f"{name}.part"]
+    vals = SUMMABLE[f"{name}.part"][2]
+    keys = [c for c in cols if c not in vals]
+    table = {}
+    for i, c in enumerate(keys):
+        table[c] = pa.array([k[i] for k in got], pa.int64())
+    for i, c in enumerate(vals):
+        table[c] = pa.array([v[i] for v in got.values()], pa.int64())
+    rel = f"_sigmatrace_part_{name}"
+    con.register(rel, pa.table({c: table[c] for c in cols}) if got else
+                 pa.table({c: np.zeros(0, np.int64) for c in cols}))
+    _, before, after = _split(name)
+    try:
+        cur = con.execute(before + f"SELECT * FROM {rel}" + after)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
+    finally:
+        con.unregister(rel)
 
 
 def _sql(name, params):
     sql = SUMMABLE[name][0]
+    if sql is None and name.endswith(".part"):
+        return _split(name[:-len(".part")])[0]
     return sql.format(**params) if sql is not None else _named(name)
 
 
@@ -59,7 +154,7 @@ def summable(con, name):
     return [dict(zip(cols, r)) for r in rows]
 
 
-SUMMARY = tuple(n for n in SUMMABLE if n not in BINNED)
+SUMMARY = tuple(n for n in SUMMABLE if n not in BINNED and n not in LATENCY + (LATENCY_HIST,))
 
 
 def partial(con, names=SUMMARY, **params):

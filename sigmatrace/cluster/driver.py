@@ -11,7 +11,10 @@ table, warning and statistic is the local report's.
   refine            (driver; its second pass runs ``window_stats`` per part)
   write             per part                           -> table parts, barrier candidates, counters, earliest
   barriers, losses, aggregates, small tables, the joined doorbells / wqes                        (driver)
-  summary_part      per part (its ops files), merged in a tree -> the summary's sums (analysis.summable)
+  summary_part      per part (its ops, doorbells, wqes files), merged in a tree -> the summary's sums
+                                                       (analysis.summable)
+  latency_part      per part, merged in a tree -> the latency sums; then quantile_part per part, a pass of
+                    the exact quantiles' selection each (analysis.quantile), merged in a tree
   the Perfetto window                                                                             (driver)
   window_rows       per part                           -> the rows the trace draws
 
@@ -120,11 +123,12 @@ class Held:
         return n
 
     def gathered(self, stage, results):
-        """The bytes of one round's results that came back to the driver (``dask.sizeof``), as
-        ``bytes:<stage>``: what the tasks return must not grow with the events either."""
-        from dask.sizeof import sizeof
+        """The bytes of one round's results that came back to the driver (their pickles: what crossed the
+        wire; ``dask.sizeof`` samples large containers and varies from run to run), as ``bytes:<stage>``:
+        what the tasks return must not grow with the events either."""
+        import pickle
         key = f"bytes:{stage}"
-        self.rows[key] = self.rows.get(key, 0) + int(sum(sizeof(r) for r in results))
+        self.rows[key] = self.rows.get(key, 0) + sum(len(pickle.dumps(r, protocol=5)) for r in results)
 
     def per_record(self):
         """Rows of the per-record intermediates held at most at once (their peaks summed: an upper bound)."""
@@ -346,8 +350,10 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
         held(f"{name}_join_batch", PQ.join_parts([parts[k].dir / f"{name}.parquet" for k in active],
                                                  tdir / f"{name}.parquet"))
     T0("small_tables")
-    out.summed = _summed(R, out_dir, active, files_of, figures)
+    out.summed = _summed(R, out_dir, parts, active, files_of, figures)
     T0("summary_reduce_tasks")
+    out.latency = _latency(R, out_dir, parts, active, files_of, figures)
+    T0("latency_reduce_tasks")
     win = None
     if perfetto:
         win = _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held)
@@ -357,30 +363,72 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
     return out, win
 
 
-def _summed(R, out_dir, active, files_of, figures):
-    """The summary's and figures' sums over the ops table (``analysis.summable``: totals, opcodes, matrices, GPU
-    volumes, the time span; with ``figures`` then the bandwidth bins) as Dask reductions: one task per part over
-    its ops files (and one for the aggregate-mode counters), merged in a tree of FAN_IN; only the root (one row
-    per key: node / rank / GPU pair, GPU, opcode, bin) comes here, not the ops rows."""
+def _summed(R, out_dir, parts, active, files_of, figures):
+    """The summary's and figures' sums over the per-record tables (``analysis.summable``: totals, opcodes,
+    matrices, GPU volumes, the time span, doorbell and WQE counts, the ``part`` rows of the split named
+    queries; with ``figures`` then the bandwidth bins) as Dask reductions: one task per part over its ops,
+    doorbells and wqes files (and one for the aggregate-mode counters), merged in a tree of FAN_IN; only the
+    root (one row per key: node / rank / GPU / process pair, QP, GPU, opcode, bin) comes here, not the rows."""
     from ..analysis import bandwidth_bin_ns
     from ..analysis.summable import BINNED, SUMMARY, merge, span_ns
-    files = [[p for p, _, _ in files_of[k].get("ops", ())] for k in active]
-    files = [f for f in files if f]
-    first = files[0][:1]                     # there is always one ops file (``_part_files``)
-
-    def reduce(stage, names, params, counters):
-        levels = [R.submit(stage, shard.summary_part, [(str(out_dir), f, False, names, params) for f in files] +
-                           ([(str(out_dir), first, True, names, params)] if counters else []))]
-        while len(levels[-1]) > 1:           # every level held until the root is in (a lost one is recomputed)
-            below = levels[-1]
-            levels.append([R.client.submit(merge, *below[i:i + FAN_IN],
-                                           key=f"sigmatrace-summed-{stage}-{R.token}-{len(levels)}-{i}", pure=False)
-                           for i in range(0, len(below), FAN_IN)])
-        return R.wait(stage, levels[-1])[0]
-    got = reduce("summary", SUMMARY, None, True)
+    tables = [{"ops": [p for p, _, _ in files_of[k].get("ops", ())],
+               "doorbells": [str(parts[k].dir / "doorbells.parquet")], "wqes": [str(parts[k].dir / "wqes.parquet")]}
+              for k in active]
+    got = _reduce(R, "summary", shard.summary_part, [(str(out_dir), t, SUMMARY, None) for t in tables] +
+                  [(str(out_dir), {"aggregates": None}, SUMMARY, None)], merge)
     if figures:
-        got.update(reduce("bandwidth", tuple(BINNED), dict(bin_ns=bandwidth_bin_ns(span_ns(got))), False))
+        bins = dict(bin_ns=bandwidth_bin_ns(span_ns(got)))
+        got.update(_reduce(R, "bandwidth", shard.summary_part, [(str(out_dir), {"ops": t["ops"]}, tuple(BINNED), bins)
+                                                                for t in tables if t["ops"]], merge))
     return got
+
+
+def _latency(R, out_dir, parts, active, files_of, figures):
+    """``analysis.latency_reduction`` from the parts: their sums (one ``latency_part`` task each, merged in a
+    tree) and the exact quantiles by radix selection (``analysis.quantile.Selection``), each pass one
+    ``quantile_part`` task per part over the values that part sorted, the bucket counts merged in a tree (2
+    passes for latencies below 2**32 ns).  None when some QP's rows are in two parts (its intervals would
+    cross parts): the driver then queries the written tables as the local report does."""
+    from ..analysis import LATENCY_QS
+    from ..analysis.quantile import Selection, merge_counts
+    from ..analysis.summable import LATENCY_HIST, LATENCY_KEY, merge, rows
+    values = [str(parts[k].dir / "latency_values.pkl") for k in active]
+    args = [(str(out_dir), {"ops": [p for p, _, _ in files_of[k].get("ops", ())],
+                            "doorbells": [str(parts[k].dir / "doorbells.parquet")]}, v, bool(figures))
+            for k, v in zip(active, values)]
+    got = _reduce(R, "latency", shard.latency_part, args, merge)
+    if not _qps_in_one_part(got):
+        return None
+    stats = {tuple(r[c] for c in LATENCY_KEY): (r["count"], r["min_ns"], r["max_ns"]) for r in rows(got, "latency_groups")}
+    wr = rows(got, "wr_latency")[0]
+    stats[("wr",)] = (wr["count"], wr["min_ns"], wr["max_ns"])
+    sel = Selection(stats, LATENCY_QS)
+    n = 0
+    while sel.targets:
+        n += 1
+        rg = sel.ranges()
+        sel.feed_ranges(_reduce(R, f"quantiles{n}", shard.quantile_part, [(v, rg) for v in values], merge_counts))
+    q = sel.result()
+    wr_q = q.pop(("wr",), None)
+    names = ("latency_groups", "wr_latency") + ((LATENCY_HIST,) if figures else ())
+    return {"sums": {name: rows(got, name) for name in names}, "quantiles": q, "wr_quantiles": wr_q}
+
+
+def _qps_in_one_part(latency_sums):
+    """Whether every QP's ops and doorbells are in one part (``summable``'s latency_qps, summed)."""
+    return all(v[0] <= 1 for v in latency_sums["latency_qps"][1].values())
+
+
+def _reduce(R, stage, fn, argsets, combine):
+    """``fn`` over every argument tuple (one task each), the results combined in a tree of FAN_IN tasks of
+    ``combine``; the root's result.  Every level is held until the root is in (a lost one is recomputed)."""
+    levels = [R.submit(stage, fn, argsets)]
+    while len(levels[-1]) > 1:
+        below = levels[-1]
+        levels.append([R.client.submit(combine, *below[i:i + FAN_IN],
+                                       key=f"sigmatrace-summed-{stage}-{R.token}-{len(levels)}-{i}", pure=False)
+                       for i in range(0, len(below), FAN_IN)])
+    return R.wait(stage, levels[-1])[0]
 
 
 def _barriers(R, out, parts, active, counts, held):

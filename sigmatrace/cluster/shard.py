@@ -488,20 +488,57 @@ def window_rows(part: Part, ctx, g, cut, truncated, host_cut, top_qps):
 
 
 # ---- the summary's sums ---------------------------------------------------------------------------------
-def summary_part(report_dir, ops_files, aggregates, names=None, params=None):
-    """``analysis.summable``'s sums (``names``, default its SUMMARY) over some part files of the written ops
-    table (a part's); ``aggregates``: this task (exactly one, with no ops rows) counts the aggregate-mode
-    counters, which the matrices fold in.  ``params``: the queries' parameters (the bandwidth bins)."""
-    from ..analysis.summable import SUMMARY, partial
+PER_RECORD = ("ops", "doorbells", "wqes", "aggregates")
+
+
+def _part_views(report_dir, tables):
+    """A query connection over the written report where each per-record table named in ``tables`` is the
+    given files ({name: [paths]}; ``None``: the report's own table) and the others have no rows."""
     from ..query import connect
     con = connect(report_dir)
+    for name in PER_RECORD:
+        files = tables.get(name, ())
+        if files is None:
+            continue
+        if files:
+            src = ", ".join(f"'{Path(p).as_posix()}'" for p in files)
+            con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM read_parquet([{src}])')
+        else:   # materialized empty first (a view cannot select from itself)
+            con.execute(f'CREATE TEMP TABLE "_empty_{name}" AS SELECT * FROM "{name}" LIMIT 0')
+            con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM "_empty_{name}"')
+    return con
+
+
+def summary_part(report_dir, tables, names=None, params=None):
+    """``analysis.summable``'s sums (``names``, default its SUMMARY) over some part files of the written
+    per-record tables (``_part_views``: a part's ops, doorbells and wqes files; or, for exactly one task, the
+    aggregate-mode counters, which the matrices fold in, and nothing else).  ``params``: the queries'
+    parameters (the bandwidth bins)."""
+    from ..analysis.summable import SUMMARY, partial
+    con = _part_views(report_dir, tables)
     try:
-        src = ", ".join(f"'{Path(p).as_posix()}'" for p in ops_files)
-        con.execute(f"CREATE OR REPLACE VIEW ops AS SELECT * FROM read_parquet([{src}])")
-        # the other table without rows: materialized empty first (a view cannot select from itself)
-        empty = "ops" if aggregates else "aggregates"
-        con.execute(f"CREATE TEMP TABLE _empty AS SELECT * FROM {empty} LIMIT 0")
-        con.execute(f"CREATE OR REPLACE VIEW {empty} AS SELECT * FROM _empty")
         return partial(con, SUMMARY if names is None else names, **(params or {}))
     finally:
         con.close()
+
+
+def latency_part(report_dir, tables, values_out, hist):
+    """The latency sums of a part (``analysis.summable.LATENCY``, with ``hist`` the figure's histogram too)
+    over its ops and doorbells files, and its latency values sorted per group into ``values_out`` for the
+    quantile passes (``quantile_part``)."""
+    from ..analysis import latency_values
+    from ..analysis.summable import LATENCY, LATENCY_HIST, latency_samples, partial
+    con = _part_views(report_dir, tables)
+    try:
+        latency_samples(con, materialize=True)
+        got = partial(con, LATENCY + ((LATENCY_HIST,) if hist else ()))
+        store.save(values_out, latency_values(con))
+        return got
+    finally:
+        con.close()
+
+
+def quantile_part(values_path, ranges):
+    """One pass of the latency quantiles' selection over a part's sorted values (``analysis.quantile``)."""
+    from ..analysis.quantile import count_buckets
+    return count_buckets(store.load(values_path), ranges)

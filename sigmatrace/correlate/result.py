@@ -28,6 +28,7 @@ class Correlated:
     _events_ext: dict = None
     _host: object = None                            # (max_events, columns) collected while streaming
     summed: dict = None                             # the cluster report's sums over its ops parts (analysis.summable)
+    latency: dict = None                            # and its analysis.latency_reduction, from the parts
 
     def __getitem__(self, name):
         return self.tables[name]

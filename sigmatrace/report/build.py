@@ -132,8 +132,9 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet,
     spill = _bounded(con, out) if cluster is not None else None
     try:
         summed = corr.summed      # the cluster report's reduction over its ops parts (None: queried here)
-        # the latency groups once, for the summary and the latency figure (an O(operations) radix selection)
-        latency = A.op_latency(con, hist=bool(figures))
+        # the latency groups once, for the summary and the latency figure (an O(operations) radix selection;
+        # the cluster report's from its parts)
+        latency = corr.latency or A.latency_reduction(con, hist=bool(figures))
         summary = build_summary(corr, con, pstats, summed=summed, latency=latency)
         summary["timings_s"] = timings
         write_summary(summary, out / "summary.json")
@@ -197,7 +198,7 @@ def _figures(con, fig_dir, t0_ns=None, progress=QUIET, summed=None, latency=None
     """Every figure of the report (docs/report.md, "Figures"); times relative to ``t0_ns``, the capture's start
     (summary.json's time_range_ns next to ``fig_dir`` when not given), like the terminal summary.  ``progress``
     counts the FIGURE_KINDS (drawn or, without data, skipped).  ``summed``: as ``build_summary``'s (the
-    matrices); ``latency``: ``analysis.op_latency`` with its histograms, if already computed."""
+    matrices); ``latency``: an ``analysis.latency_reduction`` with its histograms, if already computed."""
     progress("figures", 0, total=FIGURE_KINDS, unit="figure")
     fig_dir.mkdir(parents=True, exist_ok=True)
     if t0_ns is None:
@@ -230,7 +231,7 @@ def _figures(con, fig_dir, t0_ns=None, progress=QUIET, summed=None, latency=None
     if arrivals:
         written += A.barrier_figure(arrivals, str(fig_dir / "barriers"), barriers=bars, t0_ns=t0_ns)
     progress("figures", 1)
-    lat = A.op_latency(con) if latency is None else latency
+    lat = A.op_latency(con) if latency is None else A.op_latency_groups(latency)
     if lat:
         written += A.latency_figure(lat, str(fig_dir / "latency"))
     progress("figures", 1)

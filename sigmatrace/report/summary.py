@@ -7,10 +7,9 @@ import math
 
 import numpy as np
 
-from ..analysis import comm_matrix, op_latency, skew
-from ..analysis.quantile import grouped_quantiles
+from ..analysis import comm_matrix, latency_reduction, op_latency_groups, skew, wr_latency
 from ..analysis.summable import rows as summed_rows
-from ..analysis.summable import summable
+from ..analysis.summable import split_rest, summable
 from ..correlate.collectives import KINDS
 from ..format import layout as L
 from ..mlx5.verbs import OPCODE_VOCAB
@@ -43,18 +42,20 @@ def _rows(con, sql):
 def build_summary(corr, con=None, perfetto_stats=None, summed=None, latency=None):
     """summary.json of a report: ``corr``'s small tables, clocks, warnings and statistics; ``con``: the query
     engine over its tables (default: over ``corr``); ``summed``: the ``analysis.summable`` aggregates added up
-    from the parts of the ops table (the cluster report's reduction), else they are queried here;
-    ``latency``: ``analysis.op_latency`` already computed (the report computes it once for this and the
-    latency figure), else it is queried here."""
+    from the parts of the per-record tables (the cluster report's reduction: then nothing here reads the ops,
+    doorbells or wqes rows), else they are queried here; ``latency``: an ``analysis.latency_reduction``
+    already computed (the report computes it once for this and the latency figure; the cluster report from
+    its parts), else it is queried here."""
     con = con or connect(corr)
     S = (lambda name: summed_rows(summed, name)) if summed is not None else (lambda name: summable(con, name))
+    # the named queries that read ops through their ``part`` CTE (analysis.summable.SPLIT)
+    Q = (lambda name: split_rest(con, name, summed)) if summed is not None else (lambda name: _rows(con, run_named_sql(name)))
     T = corr.tables
     # the per-record tables through the query engine (they need not be in this process: the cluster report)
     tot = S("totals")[0]
     n_ops, n_matched, n_bytes = tot["ops"], tot["matched"], tot["bytes"]
-    n_db, db_done, db_coalesced, db_lost = con.execute(
-        "SELECT count(*), coalesce(sum(complete::INTEGER), 0), coalesce(sum((wqes > 1)::INTEGER), 0), "
-        "coalesce(sum(lost_wqebbs), 0) FROM doorbells").fetchone()
+    dbc = S("doorbell_counts")[0]
+    n_db, db_done, db_coalesced, db_lost = dbc["doorbells"], dbc["recovered"], dbc["coalesced"], dbc["lost_wqebbs"]
     n_events = int(corr.stats.get("events", 0))
     tr = corr.stats.get("time_range_ns")
     P = T["processes"]
@@ -75,22 +76,20 @@ def build_summary(corr, con=None, perfetto_stats=None, summed=None, latency=None
             "total": int(n_db),
             "recovered": int(db_done),
             "coalesced": int(db_coalesced),
-            "wqes": int(con.execute("SELECT count(*) FROM wqes").fetchone()[0]),
+            "wqes": int(S("wqe_count")[0]["wqes"]),
         },
-        "per_qp": _rows(con, "SELECT * FROM (" + run_named_sql("qp_bandwidth") + ") WHERE ops > 0"),
+        "per_qp": [r for r in Q("qp_bandwidth") if r["ops"] > 0],
         "per_gpu": S("gpu_volume"),
     }
     for level in ("node", "rank", "gpu"):
         labels, m, c = comm_matrix(con, level, rows=S(f"matrix_{level}"))
         s[f"{level}_matrix"] = {"labels": labels, "bytes": m, "ops": c}
-    s["skew"] = {"node": _labelled(skew(con, "node"), list(T["nodes"]["label"]), ("heaviest_src", "heaviest_dst",
-                                                                                 "heaviest_egress_node",
-                                                                                 "heaviest_ingress_node")),
-                 "gpu": _labelled(skew(con, "gpu"), list(T["gpus"]["label"]), ("heaviest_src", "heaviest_dst",
-                                                                               "heaviest_egress_gpu",
-                                                                               "heaviest_ingress_gpu"))}
-    s["top_talkers"] = _rows(con, run_named_sql("top_talkers"))
-    s["top_pairs"] = _rows(con, run_named_sql("top_pairs"))
+    s["skew"] = {"node": _labelled(skew(con, "node", rows=Q("skew_node")), list(T["nodes"]["label"]),
+                                   ("heaviest_src", "heaviest_dst", "heaviest_egress_node", "heaviest_ingress_node")),
+                 "gpu": _labelled(skew(con, "gpu", rows=Q("skew_gpu")), list(T["gpus"]["label"]),
+                                  ("heaviest_src", "heaviest_dst", "heaviest_egress_gpu", "heaviest_ingress_gpu"))}
+    s["top_talkers"] = Q("top_talkers")
+    s["top_pairs"] = Q("top_pairs")
     B = T["barriers"]
     stragglers = _rows(con, run_named_sql("stragglers"))
     s["barriers"] = {
@@ -114,14 +113,10 @@ def build_summary(corr, con=None, perfetto_stats=None, summed=None, latency=None
     s["clock"] = {"refinement": corr.clock_info,
                   "nodes": [dict(zip(C.keys(), vals)) for vals in zip(*C.values())]}
     # over the written table, where an unknown latency is NULL (no completion recorded): only measured ones count
-    n_lat, mean, mx = con.execute("SELECT count(latency_ns), avg(latency_ns), max(latency_ns) FROM ops").fetchone()
-    p50, p99 = grouped_quantiles(con, "SELECT latency_ns FROM ops", (), "latency_ns", (0.5, 0.99)).get((), (0, 0)) \
-        if n_lat else (0, 0)
-    s["wr_latency_ns"] = ({"count": int(n_lat), "mean": float(mean), "p50": float(p50), "p99": float(p99),
-                           "max": int(mx)} if n_lat else {"count": 0})
     if latency is None:
-        latency = op_latency(con, hist=False)
-    s["latency"] = [{k: v for k, v in g.items() if k != "hist"} for g in latency]
+        latency = latency_reduction(con, hist=False)
+    s["wr_latency_ns"] = wr_latency(latency)
+    s["latency"] = op_latency_groups(latency, hist=False)
     if perfetto_stats:
         s["perfetto"] = perfetto_stats
     s["untraced_libraries"] = [dict(e, notice=untraced_notice(e)) for e in corr.stats.get("untraced_libraries", [])]

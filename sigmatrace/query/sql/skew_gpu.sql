@@ -1,7 +1,10 @@
 -- Traffic skew across GPUs (pairs of distinct GPUs): egress and ingress imbalance (max/min), the heaviest GPU pair
 -- vs the mean pair over every ordered pair of distinct GPUs (idle pairs included) and vs the mean active pair,
 -- with the number of active pairs and of destinations per sending GPU (min / max); see skew_node.
-WITH m AS (SELECT gpu AS src, dst_gpu AS dst, sum(bytes) AS bytes FROM ops WHERE gpu >= 0 AND dst_gpu >= 0 AND dst_gpu <> gpu GROUP BY ALL),
+-- ``part``: the bytes per pair, the only thing read from ops (analysis.summable.SPLIT).
+WITH part AS (SELECT gpu::BIGINT AS src, dst_gpu::BIGINT AS dst, sum(bytes)::BIGINT AS bytes FROM ops
+              WHERE gpu >= 0 AND dst_gpu >= 0 AND dst_gpu <> gpu GROUP BY ALL),
+     m AS (SELECT * FROM part),
      e AS (SELECT src, sum(bytes) AS b, count(*) AS fanout, max(bytes) AS top FROM m GROUP BY src),
      i AS (SELECT dst, sum(bytes) AS b FROM m GROUP BY dst)
 SELECT (SELECT max(b) / nullif(min(b), 0) FROM e) AS egress_imbalance,

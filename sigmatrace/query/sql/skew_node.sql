@@ -5,7 +5,10 @@
 -- forward and small acknowledgements back) and vs the mean of every sending node's heaviest pair (1.0 for any
 -- ring: "is one pair hotter than the other nodes' main pairs"), with how many pairs are active and how many
 -- destinations each sending node has (min / max).
-WITH m AS (SELECT node AS src, dst_node AS dst, sum(bytes) AS bytes FROM ops WHERE dst_node >= 0 AND dst_node <> node GROUP BY ALL),
+-- ``part``: the bytes per pair, the only thing read from ops (analysis.summable.SPLIT).
+WITH part AS (SELECT node::BIGINT AS src, dst_node::BIGINT AS dst, sum(bytes)::BIGINT AS bytes FROM ops
+              WHERE dst_node >= 0 AND dst_node <> node GROUP BY ALL),
+     m AS (SELECT * FROM part),
      e AS (SELECT src, sum(bytes) AS b, count(*) AS fanout, max(bytes) AS top FROM m GROUP BY src),
      i AS (SELECT dst, sum(bytes) AS b FROM m GROUP BY dst)
 SELECT (SELECT max(b) / nullif(min(b), 0) FROM e) AS egress_imbalance,

@@ -2,7 +2,11 @@
 -- bytes and ops), with their ranks (-1 when the process has none, e.g. a plain libfabric program), pids and
 -- nodes; a peer that is not in the capture (dst_process -1: its QP or endpoint was not traced or not resolved)
 -- is one row per source process with process_b = -1.
-WITH d AS (SELECT o.process AS src, o.dst_process AS dst, sum(o.bytes) AS bytes, count(*) AS ops FROM ops o GROUP BY ALL),
+-- ``part``: bytes and operations per (process, peer process), the only thing read from ops
+-- (analysis.summable.SPLIT).
+WITH part AS (SELECT o.process::BIGINT AS src, o.dst_process::BIGINT AS dst, sum(o.bytes)::BIGINT AS bytes,
+                     count(*)::BIGINT AS ops FROM ops o GROUP BY ALL),
+     d AS (SELECT * FROM part),
      p AS (SELECT CASE WHEN dst < 0 OR src < dst THEN src ELSE dst END AS process_a,
                   CASE WHEN dst < 0 OR src < dst THEN dst ELSE src END AS process_b,
                   CASE WHEN dst < 0 OR src < dst THEN bytes ELSE 0 END AS ab_bytes,
