@@ -221,7 +221,7 @@ class _KillOnce(distributed.WorkerPlugin):
 
 @pytest.mark.parametrize("stage", ["sigmatrace-correlate", "sigmatrace-pairs", "sigmatrace-tables",
                                    "sigmatrace-earliest", "sigmatrace-perfetto", "sigmatrace-summary",
-                                   "sigmatrace-summed", "sigmatrace-latency", "sigmatrace-quantiles1"])
+                                   "sigmatrace-summed", "sigmatrace-quantiles1", "sigmatrace-quantiles2"])
 def test_worker_killed_mid_report(stage, synthetic, tmp_path, client, fresh_client):
     """A worker ends (os._exit, as a node failure) when a task of the stage starts: Dask runs its tasks again
     elsewhere and the report equals the undisturbed one (made on the module's cluster)."""
@@ -417,3 +417,26 @@ def test_nccl_collectives_equal_local(tmp_path, client, fabric):
     q = f"select count(*), sum((collective_unit >= 0)::int) from read_parquet('{cluster}/tables/ops/*.parquet')"
     (n, attributed), = duckdb.sql(q).fetchall()
     assert n > 0 and attributed == n
+
+
+@pytest.mark.parametrize("threads,rows,budget", [(2, [10] * 6, 1000), (2, [100] * 50, 400), (4, [5, 900, 5, 5, 5], 100),
+                                                 (64, [1] * 10, 100), (1, [0, 0, 0], 10)])
+def test_reduce_groups_cover_the_parts_in_order(threads, rows, budget, monkeypatch):
+    """The summary reduction's groups of parts: every part once, in order; at least two groups per worker
+    thread while there are parts; about equal ops rows, at most the row budget unless one part holds more."""
+    import sigmatrace.cluster.driver as D
+    monkeypatch.setattr(D, "REDUCE_ROWS", budget)
+
+    class R:
+        class client:
+            @staticmethod
+            def nthreads():
+                return {f"w{i}": 1 for i in range(threads)}
+    active = list(range(100, 100 + len(rows)))
+    files_of = {k: {"ops": [("f", 0, r)]} for k, r in zip(active, rows)}
+    g = D._reduce_groups(R, active, files_of)
+    assert [k for grp in g for k in grp] == active and all(g)
+    assert len(g) == min(len(rows), max(2 * threads, -(-sum(rows) // budget)))
+    size = {k: r for k, r in zip(active, rows)}
+    for grp in g:
+        assert len(grp) == 1 or sum(size[k] for k in grp) <= max(budget, 2 * sum(rows) / len(g)), (g, rows)

@@ -11,10 +11,9 @@ table, warning and statistic is the local report's.
   refine            (driver; its second pass runs ``window_stats`` per part)
   write             per part                           -> table parts, barrier candidates, counters, earliest
   barriers, losses, aggregates, small tables, the joined doorbells / wqes                        (driver)
-  summary_part      per part (its ops, doorbells, wqes files), merged in a tree -> the summary's sums
-                                                       (analysis.summable)
-  latency_part      per part, merged in a tree -> the latency sums; then quantile_part per part, a pass of
-                    the exact quantiles' selection each (analysis.quantile), merged in a tree
+  summary_part      per group of parts (their ops, doorbells, wqes files), merged in a tree -> the summary's
+                    and the latency sums (analysis.summable); then quantile_part per group, a pass of the
+                    exact latency quantiles' selection each (analysis.quantile), merged in a tree
   the Perfetto window                                                                             (driver)
   window_rows       per part                           -> the rows the trace draws
 
@@ -51,6 +50,7 @@ FAN_IN = 16                  # results merged per task in the reductions (Perfet
 # the most bytes of a capture file one decode task reads: its decoded columns (a fraction of that) and one
 # batch are what the task holds, whatever the size of the file or of the process (docs/cluster.md)
 PART_BYTES = 256 << 20
+REDUCE_ROWS = 4_000_000      # ops rows a summary reduction task reads at most (unless one part holds more)
 
 
 class Rounds:
@@ -350,9 +350,9 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
         held(f"{name}_join_batch", PQ.join_parts([parts[k].dir / f"{name}.parquet" for k in active],
                                                  tdir / f"{name}.parquet"))
     T0("small_tables")
-    out.summed = _summed(R, out_dir, parts, active, files_of, figures)
+    out.summed, lat_values = _summed(R, out_dir, parts, active, files_of, figures)
     T0("summary_reduce_tasks")
-    out.latency = _latency(R, out_dir, parts, active, files_of, figures)
+    out.latency = _latency(R, out.summed, lat_values, figures)
     T0("latency_reduce_tasks")
     win = None
     if perfetto:
@@ -363,40 +363,60 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
     return out, win
 
 
+def _reduce_groups(R, active, files_of):
+    """The parts in consecutive groups, one reduction task each: about equal ops rows per group, at most
+    ``REDUCE_ROWS`` (unless one part holds more), at least two groups per worker thread while there are parts
+    enough.  A part is small next to a task's fixed cost (a query connection over the report, Dask's own)
+    in a capture of many small processes; grouped, a task's work is bounded by REDUCE_ROWS, not the capture."""
+    rows = [sum(hi - lo for _, lo, hi in files_of[k].get("ops", ())) for k in active]
+    threads = max(1, sum(R.client.nthreads().values()))
+    n = min(len(active), max(2 * threads, -(-sum(rows) // REDUCE_ROWS)))
+    w = [r + 1 for r in rows]             # an empty part still costs a little
+    target = sum(w) / n
+    groups, cur, acc = [], [], 0
+    for k, r in zip(active, w):
+        if cur and acc + r / 2 > target * (len(groups) + 1) and len(groups) < n - 1:
+            groups.append(cur)
+            cur = []
+        cur.append(k)
+        acc += r
+    return groups + [cur]
+
+
 def _summed(R, out_dir, parts, active, files_of, figures):
     """The summary's and figures' sums over the per-record tables (``analysis.summable``: totals, opcodes,
     matrices, GPU volumes, the time span, doorbell and WQE counts, the ``part`` rows of the split named
-    queries; with ``figures`` then the bandwidth bins) as Dask reductions: one task per part over its ops,
-    doorbells and wqes files (and one for the aggregate-mode counters), merged in a tree of FAN_IN; only the
-    root (one row per key: node / rank / GPU / process pair, QP, GPU, opcode, bin) comes here, not the rows."""
+    queries, the latency sums; with ``figures`` then the bandwidth bins) as Dask reductions: one task per group
+    of parts (``_reduce_groups``) over their ops, doorbells and wqes files (and one for the aggregate-mode
+    counters), merged in a tree of FAN_IN; only the root (one row per key: node / rank / GPU / process pair,
+    QP, GPU, opcode, latency group, bin) comes here, not the rows.  Returns it and the files where each task
+    left its latency values (sorted per group) for the quantile passes (``_latency``)."""
     from ..analysis import bandwidth_bin_ns
-    from ..analysis.summable import BINNED, SUMMARY, merge, span_ns
-    tables = [{"ops": [p for p, _, _ in files_of[k].get("ops", ())],
-               "doorbells": [str(parts[k].dir / "doorbells.parquet")], "wqes": [str(parts[k].dir / "wqes.parquet")]}
-              for k in active]
-    got = _reduce(R, "summary", shard.summary_part, [(str(out_dir), t, SUMMARY, None) for t in tables] +
-                  [(str(out_dir), {"aggregates": None}, SUMMARY, None)], merge)
+    from ..analysis.summable import BINNED, LATENCY, LATENCY_HIST, SUMMARY, merge, span_ns
+    groups = _reduce_groups(R, active, files_of)
+    tables = [{"ops": [p for k in grp for p, _, _ in files_of[k].get("ops", ())],
+               "doorbells": [str(parts[k].dir / "doorbells.parquet") for k in grp],
+               "wqes": [str(parts[k].dir / "wqes.parquet") for k in grp]} for grp in groups]
+    values = [str(R.scratch / f"latency-values-{i}.pkl") for i in range(len(groups))]
+    names = SUMMARY + LATENCY + ((LATENCY_HIST,) if figures else ())
+    got = _reduce(R, "summary", shard.summary_part, [(str(out_dir), t, names, None, v) for t, v in zip(tables, values)] +
+                  [(str(out_dir), {"aggregates": None}, SUMMARY, None, None)], merge)
     if figures:
         bins = dict(bin_ns=bandwidth_bin_ns(span_ns(got)))
         got.update(_reduce(R, "bandwidth", shard.summary_part, [(str(out_dir), {"ops": t["ops"]}, tuple(BINNED), bins)
                                                                 for t in tables if t["ops"]], merge))
-    return got
+    return got, values
 
 
-def _latency(R, out_dir, parts, active, files_of, figures):
-    """``analysis.latency_reduction`` from the parts: their sums (one ``latency_part`` task each, merged in a
-    tree) and the exact quantiles by radix selection (``analysis.quantile.Selection``), each pass one
-    ``quantile_part`` task per part over the values that part sorted, the bucket counts merged in a tree (2
-    passes for latencies below 2**32 ns).  None when some QP's rows are in two parts (its intervals would
-    cross parts): the driver then queries the written tables as the local report does."""
+def _latency(R, got, values, figures):
+    """``analysis.latency_reduction`` from the parts: their sums (in ``got``, ``_summed``'s) and the exact
+    quantiles by radix selection (``analysis.quantile.Selection``), each pass one ``quantile_part`` task per
+    values file (a group of parts' values, sorted), the bucket counts merged in a tree (2 passes for
+    latencies below 2**32 ns).  None when some QP's rows are in two groups of parts (its intervals would
+    cross them): the driver then queries the written tables as the local report does."""
     from ..analysis import LATENCY_QS
     from ..analysis.quantile import Selection, merge_counts
-    from ..analysis.summable import LATENCY_HIST, LATENCY_KEY, merge, rows
-    values = [str(parts[k].dir / "latency_values.pkl") for k in active]
-    args = [(str(out_dir), {"ops": [p for p, _, _ in files_of[k].get("ops", ())],
-                            "doorbells": [str(parts[k].dir / "doorbells.parquet")]}, v, bool(figures))
-            for k, v in zip(active, values)]
-    got = _reduce(R, "latency", shard.latency_part, args, merge)
+    from ..analysis.summable import LATENCY_HIST, LATENCY_KEY, rows
     if not _qps_in_one_part(got):
         return None
     stats = {tuple(r[c] for c in LATENCY_KEY): (r["count"], r["min_ns"], r["max_ns"]) for r in rows(got, "latency_groups")}

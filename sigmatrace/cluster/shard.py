@@ -509,30 +509,23 @@ def _part_views(report_dir, tables):
     return con
 
 
-def summary_part(report_dir, tables, names=None, params=None):
+def summary_part(report_dir, tables, names=None, params=None, values_out=None):
     """``analysis.summable``'s sums (``names``, default its SUMMARY) over some part files of the written
-    per-record tables (``_part_views``: a part's ops, doorbells and wqes files; or, for exactly one task, the
-    aggregate-mode counters, which the matrices fold in, and nothing else).  ``params``: the queries'
-    parameters (the bandwidth bins)."""
-    from ..analysis.summable import SUMMARY, partial
-    con = _part_views(report_dir, tables)
-    try:
-        return partial(con, SUMMARY if names is None else names, **(params or {}))
-    finally:
-        con.close()
-
-
-def latency_part(report_dir, tables, values_out, hist):
-    """The latency sums of a part (``analysis.summable.LATENCY``, with ``hist`` the figure's histogram too)
-    over its ops and doorbells files, and its latency values sorted per group into ``values_out`` for the
-    quantile passes (``quantile_part``)."""
+    per-record tables (``_part_views``: a group of parts' ops, doorbells and wqes files; or, for exactly one
+    task, the aggregate-mode counters, which the matrices fold in, and nothing else).  ``params``: the
+    queries' parameters (the bandwidth bins).  With the latency sums among ``names`` the op_latency samples
+    are materialized once; ``values_out``: where their values go, sorted per group, for the quantile passes
+    (``quantile_part``)."""
     from ..analysis import latency_values
-    from ..analysis.summable import LATENCY, LATENCY_HIST, latency_samples, partial
+    from ..analysis.summable import LATENCY, LATENCY_HIST, SUMMARY, latency_samples, partial
+    names = SUMMARY if names is None else tuple(names)
     con = _part_views(report_dir, tables)
     try:
-        latency_samples(con, materialize=True)
-        got = partial(con, LATENCY + ((LATENCY_HIST,) if hist else ()))
-        store.save(values_out, latency_values(con))
+        if set(names) & set(LATENCY + (LATENCY_HIST,)) or values_out:
+            latency_samples(con, materialize=True)
+        got = partial(con, names, **(params or {}))
+        if values_out:
+            store.save(values_out, latency_values(con))
         return got
     finally:
         con.close()
