@@ -130,18 +130,19 @@ def latency_reduction(source, hist=True):
 
 def latency_values(con):
     """{group key: its values, sorted (int64)} of LATENCY_SAMPLES, and {("wr",): the work requests' measured
-    latencies}: a part's values for the cluster report's quantile passes (``quantile.count_buckets``)."""
-    t = _arrow(con, f"SELECT kind, source, measure, value_ns FROM {LATENCY_SAMPLES} "
-                    f"ORDER BY kind, source, measure, value_ns")
-    v = t.column("value_ns").to_numpy().astype(np.int64)
-    keys = list(zip(*(t.column(c).to_pylist() for c in LATENCY_KEY)))
+    latencies}: a part's values for the cluster report's quantile passes (``quantile.count_buckets``).  The
+    groups and their counts come from one GROUP BY and the values as one int64 column in the same order (no
+    Python object per value)."""
+    order = ", ".join(LATENCY_KEY)
+    groups = con.execute(f"SELECT {order}, count(*) FROM {LATENCY_SAMPLES} GROUP BY ALL ORDER BY {order}").fetchall()
+    v = _arrow(con, f"SELECT value_ns FROM {LATENCY_SAMPLES} ORDER BY {order}, value_ns").column(0)
+    v = v.to_numpy().astype(np.int64, copy=False)
     out, lo = {}, 0
-    for hi in range(1, len(keys) + 1):
-        if hi == len(keys) or keys[hi] != keys[lo]:
-            out[keys[lo]] = v[lo:hi]
-            lo = hi
-    w = _arrow(con, "SELECT latency_ns FROM ops WHERE latency_ns IS NOT NULL ORDER BY 1")
-    out[("wr",)] = w.column(0).to_numpy().astype(np.int64)
+    for *key, n in groups:
+        out[tuple(key)] = v[lo:lo + n]
+        lo += n
+    w = _arrow(con, "SELECT latency_ns FROM ops WHERE latency_ns IS NOT NULL ORDER BY 1").column(0)
+    out[("wr",)] = w.to_numpy().astype(np.int64, copy=False)
     return out
 
 

@@ -50,7 +50,7 @@ FAN_IN = 16                  # results merged per task in the reductions (Perfet
 # the most bytes of a capture file one decode task reads: its decoded columns (a fraction of that) and one
 # batch are what the task holds, whatever the size of the file or of the process (docs/cluster.md)
 PART_BYTES = 256 << 20
-REDUCE_ROWS = 4_000_000      # ops rows a summary reduction task reads at most (unless one part holds more)
+REDUCE_ROWS = 1_000_000      # ops rows a summary reduction task reads at most (unless one part holds more): ~360 MiB
 
 
 class Rounds:
