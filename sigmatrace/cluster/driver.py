@@ -356,7 +356,7 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
     T0("latency_reduce_tasks")
     win = None
     if perfetto:
-        win = _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held)
+        win = _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held, T0)
         T0("perfetto_window")
     else:
         R.client.cancel(topk_f)
@@ -618,9 +618,9 @@ class _ClusterPairs:
         return res
 
 
-def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held):
-    """The Perfetto ``Window`` from the parts: the earliest of each kind reduced in a tree of tasks, the cut,
-    then every part's drawn rows; the counters summed."""
+def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held, T0=lambda name: None):
+    """The Perfetto ``Window`` from the parts: the earliest of each kind reduced in a tree of tasks, the cut
+    (``T0``: perfetto_cut), then every part's drawn rows (window_rows_tasks); the counters summed."""
     levels = [topk_f]        # every level held until the root is in: a lost one is recomputed from its inputs
     while len(levels[-1]) > 1:
         below = levels[-1]
@@ -634,6 +634,7 @@ def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, 
     n_ops = int(sum(g[k]["op_counts"].sum() for k in active))
     cut, truncated = window_cut(K, n_host + n_db + n_ops, [host_k, db_k, op_k])
     host_cut = int(host_k[K - 1]) if K > 0 and n_host > K else None
+    T0("perfetto_cut")
     grid = ctx5["grid"]
     nb = grid[2]
     gpu, node = np.zeros(ctx5["n_gpu"] * nb), np.zeros(ctx5["n_node"] * nb)
@@ -647,6 +648,7 @@ def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, 
     rows = R.map("perfetto", shard.window_rows,
                  [(parts[k], ctx5_f, g[k], cut, truncated, host_cut,
                    [q for q in top if g[k]["qp_range"][0] <= q < g[k]["qp_range"][1]]) for k in active])
+    T0("window_rows_tasks")
     hc = HostCollector(None)      # in part order: joins a run of idle polls cut where a process was split
     for h, *_ in rows:
         if h is not None and len(h["ns"]):
