@@ -73,6 +73,7 @@ def latency_samples(con, materialize=False):
     what = "TABLE" if materialize else "VIEW"
     con.execute(f"CREATE OR REPLACE TEMP {what} {LATENCY_SAMPLES} AS {_named('op_latency')}")
 
+
 # Named queries split in two: their first CTE, ``part``, is the only thing they read from ops -- per-key
 # counts, sums and extremes with BIGINT columns -- and the rest reads ``part`` (and the small tables).  The
 # cluster report runs ``part`` on every part of the ops table, merges the rows (the value columns by the rule
@@ -108,19 +109,14 @@ for _q, _vals in SPLIT.items():
 def split_rest(con, name, merged):
     """Rows ({column: value}) of the named query ``name`` (one of SPLIT) with its ``part`` CTE replaced by
     ``merged``'s rows of ``name.part``: the query over every part, from the parts' sums."""
-    import numpy as np
     import pyarrow as pa
     cols, got = merged[f"{name}.part"]
     vals = SUMMABLE[f"{name}.part"][2]
     keys = [c for c in cols if c not in vals]
-    table = {}
-    for i, c in enumerate(keys):
-        table[c] = pa.array([k[i] for k in got], pa.int64())
-    for i, c in enumerate(vals):
-        table[c] = pa.array([v[i] for v in got.values()], pa.int64())
+    table = {c: pa.array([k[i] for k in got], pa.int64()) for i, c in enumerate(keys)}
+    table.update({c: pa.array([v[i] for v in got.values()], pa.int64()) for i, c in enumerate(vals)})
     rel = f"_sigmatrace_part_{name}"
-    con.register(rel, pa.table({c: table[c] for c in cols}) if got else
-                 pa.table({c: np.zeros(0, np.int64) for c in cols}))
+    con.register(rel, pa.table({c: table[c] for c in cols}))
     _, before, after = _split(name)
     try:
         cur = con.execute(before + f"SELECT * FROM {rel}" + after)
