@@ -50,7 +50,7 @@ PAPER = dict(events=2_000_000_000, processes=1024, workers=(16, 64))
 # stages of the cluster report (driver.stage_s): the task rounds (next to the data, in parallel) and the
 # global stages (the driver, or a reduction); the driver's Perfetto, summary and figures are global too
 TASKS = ("plan_tasks", "decode_tasks", "local_tasks", "match_tasks", "pair_tasks", "refine_window_tasks",
-         "write_tasks", "summary_reduce_tasks", "latency_reduce_tasks", "window_rows_tasks")
+         "write_tasks", "summary_reduce_tasks", "latency_reduce_tasks", "perfetto_merge_tasks", "window_rows_tasks")
 GLOBAL = ("identity_topology", "offsets_units", "refine", "final_tables", "small_tables", "perfetto_cut", "perfetto_window",
           "perfetto_s", "summary_s", "figures_s")
 

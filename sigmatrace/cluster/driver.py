@@ -619,14 +619,19 @@ class _ClusterPairs:
 
 
 def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held, T0=lambda name: None):
-    """The Perfetto ``Window`` from the parts: the earliest of each kind reduced in a tree of tasks, the cut
-    (``T0``: perfetto_cut), then every part's drawn rows (window_rows_tasks); the counters summed."""
+    """The Perfetto ``Window`` from the parts: the earliest of each kind reduced in a tree of tasks (``T0``:
+    perfetto_merge_tasks, the levels below the root), the root and the cut (perfetto_cut), then every part's
+    drawn rows (window_rows_tasks); the counters summed."""
     levels = [topk_f]        # every level held until the root is in: a lost one is recomputed from its inputs
     while len(levels[-1]) > 1:
         below = levels[-1]
         levels.append([R.client.submit(shard.merge_earliest, K, *below[i:i + FAN_IN],
                                        key=f"sigmatrace-earliest-{R.token}-{len(levels)}-{i}", pure=False)
                        for i in range(0, len(below), FAN_IN)])
+    if len(levels) > 2:       # the levels below the root run in parallel over the workers: a task round
+        from distributed import wait
+        wait(levels[-2])
+        T0("perfetto_merge_tasks")
     host_k, db_k, op_k = R.wait("perfetto", levels[-1])[0]
     held("window_earliest", len(host_k) + len(db_k) + len(op_k))
     n_host = sum(w["n_host"] for w in written)
