@@ -123,14 +123,28 @@ def latency_reduction(source, hist=True):
     con = _con(source)
     latency_samples(con)
     sums = {n: summable(con, n) for n in ("latency_groups", "wr_latency") + ((LATENCY_HIST,) if hist else ())}
-    q = grouped_quantiles(con, f"SELECT * FROM {LATENCY_SAMPLES}", LATENCY_KEY, "value_ns", LATENCY_QS)
-    wr = grouped_quantiles(con, "SELECT latency_ns FROM ops", (), "latency_ns", LATENCY_QS).get(())
+    stats = latency_stats(sums)
+    wr_stats = {(): stats.pop(WR_GROUP)}
+    q = grouped_quantiles(con, f"SELECT * FROM {LATENCY_SAMPLES}", LATENCY_KEY, "value_ns", LATENCY_QS, stats=stats)
+    wr = grouped_quantiles(con, "SELECT latency_ns FROM ops", (), "latency_ns", LATENCY_QS, stats=wr_stats).get(())
     return {"sums": sums, "quantiles": q, "wr_quantiles": wr}
 
 
+WR_GROUP = ("wr",)      # the work requests' latencies beside the latency groups (``latency_stats``)
+
+
+def latency_stats(sums):
+    """{group key: (count, min, max)} of the latency groups and, as WR_GROUP, of the work requests'
+    latencies, from ``summable.LATENCY``'s rows ({name: rows}): what the quantiles' selection starts from."""
+    stats = {tuple(r[c] for c in LATENCY_KEY): (r["count"], r["min_ns"], r["max_ns"]) for r in sums["latency_groups"]}
+    wr = sums["wr_latency"][0]
+    stats[WR_GROUP] = (wr["count"], wr["min_ns"], wr["max_ns"])
+    return stats
+
+
 def latency_values(con):
-    """{group key: its values, sorted (int64)} of LATENCY_SAMPLES, and {("wr",): the work requests' measured
-    latencies}: a part's values for the cluster report's quantile passes (``quantile.count_buckets``).  The
+    """{group key: its values, sorted (int64)} of LATENCY_SAMPLES, and the work requests' measured
+    latencies} (WR_GROUP): a part's values for the cluster report's quantile passes (``quantile.count_buckets``).  The
     groups and their counts come from one GROUP BY and the values as one int64 column in the same order (no
     Python object per value)."""
     order = ", ".join(LATENCY_KEY)
@@ -142,7 +156,7 @@ def latency_values(con):
         out[tuple(key)] = v[lo:lo + n]
         lo += n
     w = _arrow(con, "SELECT latency_ns FROM ops WHERE latency_ns IS NOT NULL ORDER BY 1").column(0)
-    out[("wr",)] = w.to_numpy().astype(np.int64, copy=False)
+    out[WR_GROUP] = w.to_numpy().astype(np.int64, copy=False)
     return out
 
 

@@ -136,17 +136,20 @@ def merge_counts(*parts):
     return out
 
 
-def grouped_quantiles(con, source, keys, value, qs):
+def grouped_quantiles(con, source, keys, value, qs, stats=None):
     """{group: [quantile of ``value`` for each of ``qs``]} over the rows of ``source`` (SQL of a relation)
     where ``value`` (an integer column) is not NULL, per distinct tuple of the ``keys`` columns (``()``: one
-    group, key ``()``).  Exact (numpy.quantile linear); bounded memory (module docstring)."""
+    group, key ``()``).  Exact (numpy.quantile linear); bounded memory (module docstring).  ``stats``: the
+    groups' {key: (count, min, max)} when already known (else one GROUP BY here finds them)."""
     keys = list(keys)
-    kcols = ", ".join(f'"{k}"' for k in keys)
-    sel = f"{kcols}, " if keys else ""
-    grp = f"GROUP BY {kcols}" if keys else ""
-    stats = con.execute(f'SELECT {sel}count("{value}"), min("{value}"), max("{value}") FROM ({source}) '
-                        f'WHERE "{value}" IS NOT NULL {grp}').fetchall()
-    S = Selection({tuple(row[:len(keys)]): row[len(keys):] for row in stats}, qs)
+    if stats is None:
+        kcols = ", ".join(f'"{k}"' for k in keys)
+        sel = f"{kcols}, " if keys else ""
+        grp = f"GROUP BY {kcols}" if keys else ""
+        rows = con.execute(f'SELECT {sel}count("{value}"), min("{value}"), max("{value}") FROM ({source}) '
+                           f'WHERE "{value}" IS NOT NULL {grp}').fetchall()
+        stats = {tuple(row[:len(keys)]): row[len(keys):] for row in rows}
+    S = Selection(stats, qs)
     _seq[0] += 1
     name = f"_sigmatrace_quantile_targets_{_seq[0]}"
     import pyarrow as pa

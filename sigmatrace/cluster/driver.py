@@ -22,6 +22,7 @@ nothing per event reaches this process.  ``stage_s`` gets the time of every glob
 """
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import shutil
@@ -414,24 +415,22 @@ def _latency(R, got, values, figures):
     values file (a group of parts' values, sorted), the bucket counts merged in a tree (2 passes for
     latencies below 2**32 ns).  None when some QP's rows are in two groups of parts (its intervals would
     cross them): the driver then queries the written tables as the local report does."""
-    from ..analysis import LATENCY_QS
+    from ..analysis import LATENCY_QS, WR_GROUP, latency_stats
     from ..analysis.quantile import Selection, merge_counts
-    from ..analysis.summable import LATENCY_HIST, LATENCY_KEY, rows
+    from ..analysis.summable import LATENCY_HIST, rows
     if not _qps_in_one_part(got):
         return None
-    stats = {tuple(r[c] for c in LATENCY_KEY): (r["count"], r["min_ns"], r["max_ns"]) for r in rows(got, "latency_groups")}
-    wr = rows(got, "wr_latency")[0]
-    stats[("wr",)] = (wr["count"], wr["min_ns"], wr["max_ns"])
-    sel = Selection(stats, LATENCY_QS)
+    names = ("latency_groups", "wr_latency") + ((LATENCY_HIST,) if figures else ())
+    sums = {name: rows(got, name) for name in names}
+    sel = Selection(latency_stats(sums), LATENCY_QS)
     n = 0
     while sel.targets:
         n += 1
         rg = sel.ranges()
         sel.feed_ranges(_reduce(R, f"quantiles{n}", shard.quantile_part, [(v, rg) for v in values], merge_counts))
     q = sel.result()
-    wr_q = q.pop(("wr",), None)
-    names = ("latency_groups", "wr_latency") + ((LATENCY_HIST,) if figures else ())
-    return {"sums": {name: rows(got, name) for name in names}, "quantiles": q, "wr_quantiles": wr_q}
+    wr_q = q.pop(WR_GROUP, None)
+    return {"sums": sums, "quantiles": q, "wr_quantiles": wr_q}
 
 
 def _qps_in_one_part(latency_sums):
@@ -439,15 +438,23 @@ def _qps_in_one_part(latency_sums):
     return all(v[0] <= 1 for v in latency_sums["latency_qps"][1].values())
 
 
-def _reduce(R, stage, fn, argsets, combine):
-    """``fn`` over every argument tuple (one task each), the results combined in a tree of FAN_IN tasks of
-    ``combine``; the root's result.  Every level is held until the root is in (a lost one is recomputed)."""
-    levels = [R.submit(stage, fn, argsets)]
+def _tree(R, leaves, combine, name):
+    """Futures ``leaves`` combined in a tree of FAN_IN-input tasks of ``combine`` (keys
+    ``sigmatrace-<name>-...``): every level, the root's last.  The caller holds them all until the root is
+    in, so a lost one is recomputed from its inputs."""
+    levels = [leaves]
     while len(levels[-1]) > 1:
         below = levels[-1]
         levels.append([R.client.submit(combine, *below[i:i + FAN_IN],
-                                       key=f"sigmatrace-summed-{stage}-{R.token}-{len(levels)}-{i}", pure=False)
+                                       key=f"sigmatrace-{name}-{R.token}-{len(levels)}-{i}", pure=False)
                        for i in range(0, len(below), FAN_IN)])
+    return levels
+
+
+def _reduce(R, stage, fn, argsets, combine):
+    """``fn`` over every argument tuple (one task each), the results combined in a tree (``_tree``) of
+    ``combine``; the root's result."""
+    levels = _tree(R, R.submit(stage, fn, argsets), combine, f"summed-{stage}")
     return R.wait(stage, levels[-1])[0]
 
 
@@ -622,12 +629,7 @@ def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, 
     """The Perfetto ``Window`` from the parts: the earliest of each kind reduced in a tree of tasks (``T0``:
     perfetto_merge_tasks, the levels below the root), the root and the cut (perfetto_cut), then every part's
     drawn rows (window_rows_tasks); the counters summed."""
-    levels = [topk_f]        # every level held until the root is in: a lost one is recomputed from its inputs
-    while len(levels[-1]) > 1:
-        below = levels[-1]
-        levels.append([R.client.submit(shard.merge_earliest, K, *below[i:i + FAN_IN],
-                                       key=f"sigmatrace-earliest-{R.token}-{len(levels)}-{i}", pure=False)
-                       for i in range(0, len(below), FAN_IN)])
+    levels = _tree(R, topk_f, functools.partial(shard.merge_earliest, K), "earliest")
     if len(levels) > 2:       # the levels below the root run in parallel over the workers: a task round
         from distributed import wait
         wait(levels[-2])
