@@ -220,7 +220,8 @@ class _KillOnce(distributed.WorkerPlugin):
 
 
 @pytest.mark.parametrize("stage", ["sigmatrace-correlate", "sigmatrace-pairs", "sigmatrace-tables",
-                                   "sigmatrace-earliest", "sigmatrace-perfetto", "sigmatrace-summary",
+                                   "sigmatrace-earliest", "sigmatrace-cut", "sigmatrace-perfetto", "sigmatrace-trace",
+                                   "sigmatrace-summary",
                                    "sigmatrace-summed", "sigmatrace-quantiles1", "sigmatrace-quantiles2"])
 def test_worker_killed_mid_report(stage, synthetic, tmp_path, client, fresh_client):
     """A worker ends (os._exit, as a node failure) when a task of the stage starts: Dask runs its tasks again

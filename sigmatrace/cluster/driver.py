@@ -22,6 +22,7 @@ nothing per event reaches this process.  ``stage_s`` gets the time of every glob
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
@@ -41,10 +42,10 @@ from ..correlate.result import Correlated
 from ..correlate.topology import Topology
 from ..decode import EventStore, FileDecode, finish_warnings
 from ..errors import SigmatraceError, TraceFormatError
-from ..export.window import Window, scan_grid, scan_result, top_qps, window_cut
+from ..export.perfetto import TRACK_TABLES
+from ..export.window import scan_grid, top_qps
 from ..schema import PART_TABLES, TABLE_NAMES
 from ..tables import parquet as PQ
-from ..tables.host_events import HostCollector
 from . import shard, store
 
 FAN_IN = 16                  # results merged per task in the reductions (Perfetto candidates, summary sums)
@@ -156,7 +157,8 @@ def correlate_and_write(client, files, out_dir, progress=None, workers=None, clo
                         max_perfetto_events=500_000, batch_records=None, refine_windows=16, bins=400,
                         stage_s=None, held=None, part_bytes=None, tasks=None, figures=True):
     """Correlate the capture ``files`` on the Dask cluster of ``client`` and write every table under
-    ``out_dir/tables``; returns (``Correlated`` with the small tables, the Perfetto ``Window`` or None).
+    ``out_dir/tables``; returns (``Correlated`` with the small tables, a ``Finishing``: the Perfetto trace
+    ``out_dir/trace.pftrace``, still being written by tasks; close it when the report is done).
     ``stage_s``: gets the seconds of every stage; ``held``: a ``Held`` (or a dict it fills), what this
     process materialized of the capture's records (tests and benchmarks: it must not grow with the capture).
     ``tasks``: a dict that gets the number of tasks of every round; ``figures``: the figures' sums too.
@@ -165,17 +167,64 @@ def correlate_and_write(client, files, out_dir, progress=None, workers=None, clo
     from ..decode import DEFAULT_BATCH_RECORDS
     out_dir = Path(out_dir).resolve()
     scratch = Path(tempfile.mkdtemp(prefix=".sigmatrace-cluster-", dir=out_dir.parent))
+    stage_s = stage_s if stage_s is not None else {}
+    R = Rounds(client, progress, held if isinstance(held, Held) else Held(held), scratch, tasks)
+    fin = Finishing(R, scratch, stage_s)
+    try:
+        with lost_cluster():
+            out = _report(R, fin, files, out_dir, scratch, workers, clock_refine, perfetto, max_perfetto_events,
+                          batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins, stage_s, R.held,
+                          part_bytes_of(part_bytes), figures)
+        return out, fin
+    except BaseException:
+        fin.close()
+        raise
+
+
+@contextlib.contextmanager
+def lost_cluster():
+    """A report the Dask cluster lost (a task's worker died too often, a future cancelled) as one line."""
     from distributed import KilledWorker
     from distributed.client import FutureCancelledError
     try:
-        held = held if isinstance(held, Held) else Held(held)
-        return _report(Rounds(client, progress, held, scratch, tasks), files, out_dir, scratch, workers, clock_refine,
-                       perfetto, max_perfetto_events, batch_records or DEFAULT_BATCH_RECORDS, refine_windows, bins,
-                       stage_s if stage_s is not None else {}, held, part_bytes_of(part_bytes), figures)
+        yield
     except (KilledWorker, FutureCancelledError) as e:
         raise SigmatraceError(f"the Dask cluster lost the report: {type(e).__name__}: {e}") from None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class Finishing:
+    """What still runs when ``correlate_and_write`` returns: the Perfetto trace's tasks (``_perfetto``), which
+    the summary reductions did not wait for.  ``perfetto()`` waits for the trace; ``close()`` lets go of the
+    tasks and removes the scratch directory they read."""
+
+    def __init__(self, R, scratch, stage_s):
+        self.R, self.scratch, self.stage_s = R, scratch, stage_s
+        self.futures, self.trace = [], None
+
+    def perfetto(self):
+        """The Perfetto trace's statistics (``write_perfetto``'s), once the task has written it; None without
+        one.  ``stage_s``: perfetto_wait (how long this process waited for it), perfetto_trace_task (the
+        task's own time)."""
+        if self.trace is None:
+            return None
+        t = time.perf_counter()
+        with lost_cluster():
+            got = self.R.wait("perfetto", [self.trace])[0]
+        self.stage_s["perfetto_wait"] = time.perf_counter() - t
+        self.stage_s["perfetto_trace_task"] = got["seconds"]
+        return got["stats"]
+
+    def close(self):
+        if self.futures:
+            self.R.client.cancel(self.futures)
+        self.futures, self.trace = [], None
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def part_bytes_of(given=None):
@@ -193,8 +242,8 @@ def part_bytes_of(given=None):
     return n
 
 
-def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batch_records, refine_windows, bins,
-            stage_s, held, part_bytes, figures):
+def _report(R, fin, files, out_dir, scratch, workers, clock_refine, perfetto, K, batch_records, refine_windows,
+            bins, stage_s, held, part_bytes, figures):
     T0 = _Timer(stage_s)
     files = [str(f) for f in files]
     absf = [str(Path(f).resolve()) for f in files]
@@ -341,6 +390,12 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
     topk_f = [R.client.submit(operator.getitem, f, 1, key=f"{f.key}-earliest") for f in wf]
     written = R.wait("tables", res_f)
     T0("write_tasks")
+    if perfetto:        # tasks from here on, in parallel with what follows (Finishing waits for the trace)
+        _perfetto(R, fin, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, out_dir / "trace.pftrace")
+        fin.futures += wf          # the candidates' own inputs
+    else:
+        R.client.cancel(topk_f)
+    T0("perfetto_submit")
     # ---- barriers, losses, aggregates, the small tables, doorbells / wqes -------------------------------
     _barriers(R, out, parts, active, [w["barrier_counts"] for w in written], held)
     derived.build_losses(out, procs, (np.concatenate([loc[k]["lost_wqebbs"] for k in active]),
@@ -355,13 +410,7 @@ def _report(R, files, out_dir, scratch, workers, clock_refine, perfetto, K, batc
     T0("summary_reduce_tasks")
     out.latency = _latency(R, out.summed, lat_values, figures)
     T0("latency_reduce_tasks")
-    win = None
-    if perfetto:
-        win = _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held, T0)
-        T0("perfetto_window")
-    else:
-        R.client.cancel(topk_f)
-    return out, win
+    return out
 
 
 def _reduce_groups(R, active, files_of):
@@ -625,23 +674,17 @@ class _ClusterPairs:
         return res
 
 
-def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, held, T0=lambda name: None):
-    """The Perfetto ``Window`` from the parts: the earliest of each kind reduced in a tree of tasks (``T0``:
-    perfetto_merge_tasks, the levels below the root), the root and the cut (perfetto_cut), then every part's
-    drawn rows (window_rows_tasks); the counters summed."""
+def _perfetto(R, fin, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, path):
+    """The Perfetto trace as tasks, submitted and not waited for (``fin`` holds them): the earliest of each
+    kind reduced in a tree of ``merge_earliest`` tasks, the cut at its root (``window_cut_of``), every part's
+    drawn rows (``window_rows``), the trace written from them (``perfetto_trace``).  Only the counters (per
+    bin and QP, summed here) and the event counts come from the driver."""
     levels = _tree(R, topk_f, functools.partial(shard.merge_earliest, K), "earliest")
-    if len(levels) > 2:       # the levels below the root run in parallel over the workers: a task round
-        from distributed import wait
-        wait(levels[-2])
-        T0("perfetto_merge_tasks")
-    host_k, db_k, op_k = R.wait("perfetto", levels[-1])[0]
-    held("window_earliest", len(host_k) + len(db_k) + len(op_k))
     n_host = sum(w["n_host"] for w in written)
     n_db = sum(loc[k]["n_doorbells"] for k in active)
     n_ops = int(sum(g[k]["op_counts"].sum() for k in active))
-    cut, truncated = window_cut(K, n_host + n_db + n_ops, [host_k, db_k, op_k])
-    host_cut = int(host_k[K - 1]) if K > 0 and n_host > K else None
-    T0("perfetto_cut")
+    cut_f = R.client.submit(shard.window_cut_of, levels[-1][0], K, n_host + n_db + n_ops, n_host,
+                            key=f"sigmatrace-cut-{R.token}", pure=False)
     grid = ctx5["grid"]
     nb = grid[2]
     gpu, node = np.zeros(ctx5["n_gpu"] * nb), np.zeros(ctx5["n_node"] * nb)
@@ -652,32 +695,13 @@ def _window(R, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, tables, 
         qlo, qhi = g[k]["qp_range"]
         qtot[qlo:qhi] = w["qtot"]
     top = top_qps(qtot)
-    rows = R.map("perfetto", shard.window_rows,
-                 [(parts[k], ctx5_f, g[k], cut, truncated, host_cut,
-                   [q for q in top if g[k]["qp_range"][0] <= q < g[k]["qp_range"][1]]) for k in active])
-    T0("window_rows_tasks")
-    hc = HostCollector(None)      # in part order: joins a run of idle polls cut where a process was split
-    for h, *_ in rows:
-        if h is not None and len(h["ns"]):
-            hc.add(h)
-    ev_t = hc.result()[0]
-    n_host -= hc.joined
-    dbs = [d for _, d, *_ in rows]
-    D = {c: np.concatenate([d[c] for d in dbs]) for c in dbs[0]}
-    drawn_parts = [(c, d) for _, _, c, d, _ in rows if c is not None]
-    if drawn_parts:
-        cols = {c: np.concatenate([p[c] for p, _ in drawn_parts]) for c in drawn_parts[0][0]}
-        drawn = np.concatenate([d for _, d in drawn_parts])
-        o = np.argsort(drawn, kind="stable")
-        cols, drawn = {c: v[o] for c, v in cols.items()}, drawn[o]
-    else:
-        from ..correlate.ops import OPS_COLUMNS
-        drawn = np.zeros(0, np.int64)
-        cols = {c: np.zeros(0, np.int64) for c in OPS_COLUMNS + ("doorbell_pi",)}
-    held("window_rows", len(ev_t["ns"]) + len(D["ns"]) + len(drawn))
-    series = {}
-    for *_, s in rows:
-        series.update(s)
-    per_qp = np.array([series[q] for q in top]).reshape(len(top), nb) if top else np.zeros((0, nb))
-    return Window(ev_t=ev_t, n_host=n_host, doorbells=D, n_doorbells=n_db, ops=cols, drawn=drawn, n_ops=n_ops,
-                  scan=scan_result(grid, gpu, node, top, per_qp.reshape(-1)), cut=cut, truncated=truncated)
+    rows_f = R.submit("perfetto", shard.window_rows,
+                      [(parts[k], ctx5_f, g[k], cut_f, [q for q in top if g[k]["qp_range"][0] <= q < g[k]["qp_range"][1]])
+                       for k in active])
+    meta = dict(tables={t: tables[t] for t in TRACK_TABLES if t in tables}, n_host=n_host, n_doorbells=n_db, n_ops=n_ops,
+                grid=grid, gpu=gpu, node=node, top_qps=top, max_events=int(K))
+    fin.trace = R.client.submit(shard.perfetto_trace, str(path), meta, cut_f, *rows_f,
+                                key=f"sigmatrace-trace-{R.token}", pure=False)
+    # held until the trace is in: a lost result is recomputed from its inputs
+    fin.futures = [f for level in levels for f in level] + [cut_f, *rows_f, fin.trace, ctx5_f]
+

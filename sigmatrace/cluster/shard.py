@@ -19,7 +19,8 @@ stages between them):
                   events parts in their final place, doorbells and WQEs for the driver to join), its barrier
                   hit counts per (address, participant), Perfetto counters and candidates;
   ``barrier_arrivals``  the part's participants' arrivals at the barrier addresses the counts found;
-  ``window_rows`` the rows the trace draws;
+  ``window_cut_of``, ``window_rows``, ``perfetto_trace``  the window's cut, every part's rows it draws, the
+                  trace written from them;
   ``summary_part`` the summary's sums (``analysis.summable``) over the part's ops files, merged in a tree.
 
 Every task reads and writes only its part's scratch directory (``store``) plus, for the exchange, the files of
@@ -38,7 +39,7 @@ from ..correlate.refine import CausalPairs, alternation_pair, pair_stats, send_p
 from ..correlate.result import Correlated
 from ..decode import EventStore, FileDecode, decode_file, merge_ranges
 from ..decode.columns import CHUNK_INDEX_DTYPE
-from ..export.window import SCAN_COLUMNS, SCAN_ROWS, ScanPart, earliest, in_window
+from ..export.window import SCAN_COLUMNS, SCAN_ROWS, ScanPart, Window, earliest, in_window, scan_result, window_cut
 from ..format.reader import process_spans, repeated_from
 from ..mlx5.verbs import IBV_WC_RECV
 from ..tables import parquet as PQ
@@ -460,10 +461,22 @@ def merge_earliest(keep, *parts):
     return tuple(out)
 
 
-def window_rows(part: Part, ctx, g, cut, truncated, host_cut, top_qps):
-    """The part's rows that the Perfetto trace draws: host events at or before ``host_cut`` (the host kind's
+def window_cut_of(earliest_of_kinds, keep, n_events, n_host):
+    """(cut, truncated, host_cut) of the Perfetto window from the merged earliest of every kind (the root of
+    ``merge_earliest``'s tree): the ``keep``-th earliest time over them all (``export.window.window_cut``) and
+    the host kind's own ``keep``-th (None when the capture has no more host events than that)."""
+    host_k, db_k, op_k = earliest_of_kinds
+    cut, truncated = window_cut(keep, n_events, [host_k, db_k, op_k])
+    host_cut = int(host_k[keep - 1]) if keep > 0 and n_host > keep else None
+    return cut, truncated, host_cut
+
+
+def window_rows(part: Part, ctx, g, cut_of, top_qps):
+    """The part's rows that the Perfetto trace draws: host events at or before the host cut (the host kind's
     own earliest; None: every kept one), doorbells and operations inside the window, the top QPs' counters.
-    Everything drawn is among the part's earliest of each kind that ``write`` kept."""
+    ``cut_of``: ``window_cut_of``'s.  Everything drawn is among the part's earliest of each kind that
+    ``write`` kept."""
+    cut, truncated, host_cut = cut_of
     w = store.load(part.dir / "window.pkl")
     K = ctx["max_events"]
     host = w["host"]
@@ -485,6 +498,50 @@ def window_rows(part: Part, ctx, g, cut, truncated, host_cut, top_qps):
     pi = np.asarray(L["doorbells"]["producer_index"], np.int64)
     cols["doorbell_pi"] = np.where(dbi >= 0, pi[np.maximum(dbi, 0)] if len(pi) else -1, -1)
     return host, D, cols, drawn, series
+
+
+def perfetto_trace(path, meta, cut_of, *rows):
+    """Write the Perfetto trace to ``path`` (``export.perfetto.write_perfetto``) from every part's
+    ``window_rows`` (in part order) and ``meta``: the small tables it names tracks from (processes, nodes,
+    threads, GPUs, QPs), the event counts, the counters summed per bin and the top QPs.  Returns the trace's
+    statistics, the rows drawn and the seconds it took.  A task of its own, so that the trace is written while
+    the driver reduces the summary (docs/cluster.md, "Stages")."""
+    import time
+    from types import SimpleNamespace
+
+    from ..export.perfetto import write_perfetto
+    from ..tables.host_events import HostCollector
+    t = time.perf_counter()
+    cut, truncated, _ = cut_of
+    hc = HostCollector(None)      # in part order: joins a run of idle polls cut where a process was split
+    for h, *_ in rows:
+        if h is not None and len(h["ns"]):
+            hc.add(h)
+    ev_t = hc.result()[0]
+    dbs = [d for _, d, *_ in rows]
+    D = {c: np.concatenate([d[c] for d in dbs]) for c in dbs[0]}
+    drawn_parts = [(c, d) for _, _, c, d, _ in rows if c is not None]
+    if drawn_parts:
+        cols = {c: np.concatenate([p[c] for p, _ in drawn_parts]) for c in drawn_parts[0][0]}
+        drawn = np.concatenate([d for _, d in drawn_parts])
+        o = np.argsort(drawn, kind="stable")
+        cols, drawn = {c: v[o] for c, v in cols.items()}, drawn[o]
+    else:
+        drawn = np.zeros(0, np.int64)
+        cols = {c: np.zeros(0, np.int64) for c in ops.OPS_COLUMNS + ("doorbell_pi",)}
+    series = {}
+    for *_, s in rows:
+        series.update(s)
+    top, nb = meta["top_qps"], meta["grid"][2]
+    per_qp = np.array([series[q] for q in top]).reshape(len(top), nb) if top else np.zeros((0, nb))
+    win = Window(ev_t=ev_t, n_host=meta["n_host"] - hc.joined, doorbells=D, n_doorbells=meta["n_doorbells"],
+                 ops=cols, drawn=drawn, n_ops=meta["n_ops"],
+                 scan=scan_result(meta["grid"], meta["gpu"], meta["node"], top, per_qp.reshape(-1)), cut=cut,
+                 truncated=truncated)
+    with store.writing(path) as tmp:
+        stats = write_perfetto(SimpleNamespace(tables=meta["tables"], workers=1), tmp, max_events=meta["max_events"],
+                               window=win)
+    return dict(stats=stats, rows=len(ev_t["ns"]) + len(D["ns"]) + len(drawn), seconds=time.perf_counter() - t)
 
 
 # ---- the summary's sums ---------------------------------------------------------------------------------

@@ -370,6 +370,10 @@ def _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats):
     return coll_flow
 
 
+# the tables of ``corr`` that ``write_perfetto`` reads besides its window (tracks, collectives)
+TRACK_TABLES = ("processes", "nodes", "threads", "gpus", "qps", "collectives", "communicators")
+
+
 def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, window: "Window | None" = None):
     """The Perfetto trace of ``corr`` into ``path``; returns its statistics.  ``window``: what it draws
     (``export.window``; default: computed from ``corr``'s tables here)."""
