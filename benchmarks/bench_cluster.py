@@ -54,7 +54,7 @@ PAPER = dict(events=2_000_000_000, processes=1024, workers=(16, 64))
 TASKS = ("plan_tasks", "decode_tasks", "local_tasks", "match_tasks", "pair_tasks", "refine_window_tasks",
          "write_tasks", "summary_reduce_tasks", "latency_reduce_tasks")
 GLOBAL = ("identity_topology", "offsets_units", "refine", "final_tables", "perfetto_submit", "small_tables",
-          "perfetto_s", "summary_s", "figures_submit_s", "figures_s")
+          "latency_s", "perfetto_s", "summary_s", "figures_submit_s", "figures_s")
 
 _RUN = r"""
 import json, resource, sys, time
@@ -117,7 +117,7 @@ def run_report(cap, mode, out, nice=False):
     st = dict(d["timings"].get("cluster_stages_s", {}))
     if "refine" in st:       # the refinement's second pass is a task round inside it
         st["refine"] -= st.get("refine_window_tasks", 0.0)
-    for k in ("perfetto_s", "summary_s", "figures_submit_s", "figures_s", "correlate_s", "tables_s"):
+    for k in ("latency_s", "perfetto_s", "summary_s", "figures_submit_s", "figures_s", "correlate_s", "tables_s"):
         if k in d["timings"]:
             st[k] = d["timings"][k]
     d["stages"] = st

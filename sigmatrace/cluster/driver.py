@@ -203,14 +203,11 @@ class Finishing:
 
     def perfetto(self):
         """The Perfetto trace's statistics (``write_perfetto``'s), once the task has written it; None without
-        one.  ``stage_s``: perfetto_wait (how long this process waited for it), perfetto_trace_task (the
-        task's own time)."""
+        one.  ``stage_s`` gets perfetto_trace_task, the task's own time."""
         if self.trace is None:
             return None
-        t = time.perf_counter()
         with lost_cluster():
             got = self.R.wait("perfetto", [self.trace])[0]
-        self.stage_s["perfetto_wait"] = time.perf_counter() - t
         self.stage_s["perfetto_trace_task"] = got["seconds"]
         return got["stats"]
 
@@ -219,12 +216,6 @@ class Finishing:
             self.R.client.cancel(self.futures)
         self.futures, self.trace = [], None
         shutil.rmtree(self.scratch, ignore_errors=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def part_bytes_of(given=None):

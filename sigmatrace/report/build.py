@@ -126,13 +126,13 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet,
         summed = corr.summed      # the cluster report's reduction over its ops parts (None: queried here)
         # the latency groups once, for the summary and the latency figure (an O(operations) radix selection;
         # the cluster report's from its parts)
-        latency = None
+        t = time.perf_counter()
+        latency = corr.latency or A.latency_reduction(con, hist=bool(figures))
+        timings["latency_s"] = time.perf_counter() - t
         figure_tasks = None
-        if client is not None:
+        if client is not None and figures:    # drawn on the cluster while this process writes the summary
             t = time.perf_counter()
-            latency = corr.latency or A.latency_reduction(con, hist=bool(figures))
-            if figures:
-                figure_tasks = _submit_figures(client, out, corr, summed, latency)
+            figure_tasks = _submit_figures(client, out, corr, summed, latency)
             timings["figures_submit_s"] = time.perf_counter() - t
         pstats = None
         if perfetto:
@@ -150,8 +150,6 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet,
                                      f"{pstats.get('window_end_ns')} ns; --max-perfetto-events); the Parquet "
                                      f"tables hold everything")
         t = time.perf_counter()
-        if latency is None:
-            latency = A.latency_reduction(con, hist=bool(figures))
         summary = build_summary(corr, con, pstats, summed=summed, latency=latency)
         summary["timings_s"] = timings
         write_summary(summary, out / "summary.json")
@@ -215,8 +213,8 @@ def _submit_figures(client, out, corr, summed, latency):
     bin_ns = A.bandwidth_bin_ns(span_ns(summed)) if summed is not None else None
     futs = []
     for kind in FIGURES:
-        need = {"matrix": f"{kind}", "bandwidth": f"{kind}_bins"}.get(kind.split("_")[0])
-        sub = None if summed is None else {k: summed[k] for k in (need,) if k in summed}
+        # a figure's own sums are named after it (matrix_node) or its bins (bandwidth_gpu_bins)
+        sub = None if summed is None else {k: v for k, v in summed.items() if k in (kind, f"{kind}_bins")}
         futs.append(client.submit(_figure_task, connect, str(out), kind, t0_ns, sub,
                                   latency if kind == "latency" else None, bin_ns, pure=False,
                                   key=f"sigmatrace-figure-{kind}-{os.getpid()}-{time.monotonic_ns()}"))
