@@ -10,7 +10,13 @@
  * the kernel's uverbs drops a destroyed object's pending events
  * (ib_uverbs_release_uevent): each record names the QP's number and
  * registration (emu_qp.serial), and one whose QP is gone is skipped
- * (docs/emulator.md: the UCX crash it was found by). */
+ * (docs/emulator.md: the UCX crash it was found by).
+ *
+ * A QP's event once handed out keeps the QP alive: ibv_destroy_qp waits until
+ * every event it reported was acknowledged (ibv_ack_async_event), as
+ * rdma-core's destroy waits for events_completed to reach the kernel's
+ * events_reported -- UCX's async thread reads element.qp->qp_num after
+ * ibv_get_async_event returns, while its main thread may be destroying that QP. */
 #include <errno.h>
 #include <unistd.h>
 
@@ -37,8 +43,10 @@ EXPORT void emu_async_event(struct ibv_context *c, enum ibv_event_type type, voi
 }
 
 /* ---- async events ----------------------------------------------------------- */
-/* Whether the QP a record names is still the one registered under its number. */
-static int qp_alive(struct ibv_context *c, const struct emu_async_rec *rec)
+/* Whether the QP a record names is still the one registered under its number;
+ * if so the event is reported against it (under the NIC lock, so that
+ * ibv_destroy_qp, which unregisters under it, sees every report). */
+static int qp_alive_report(struct ibv_context *c, const struct emu_async_rec *rec)
 {
 	if (!rec->serial)
 		return 1; /* not a QP event */
@@ -46,6 +54,8 @@ static int qp_alive(struct ibv_context *c, const struct emu_async_rec *rec)
 	pthread_mutex_lock(&nic->lock);
 	struct emu_qp *qp = emu_qp_lookup(nic, rec->qpn);
 	int alive = qp && qp->serial == rec->serial;
+	if (alive)
+		qp->async_reported++;
 	pthread_mutex_unlock(&nic->lock);
 	return alive;
 }
@@ -68,11 +78,45 @@ EXPORT int ibv_get_async_event(struct ibv_context *c, struct ibv_async_event *ev
 			}
 			got += (size_t)r;
 		}
-		if (qp_alive(c, &rec)) {
+		if (qp_alive_report(c, &rec)) {
 			*ev = rec.ev;
 			return 0;
 		}
 		__atomic_add_fetch(&to_ectx(c)->nic->stats->async_events_dropped, 1, __ATOMIC_RELAXED);
 	}
 }
-EXPORT void ibv_ack_async_event(struct ibv_async_event *ev) {}
+
+/* The QP events (those whose element is a QP, as rdma-core's ibv_ack_async_event
+ * sorts them) count towards events_completed; the NIC raises no CQ or SRQ events. */
+EXPORT void ibv_ack_async_event(struct ibv_async_event *ev)
+{
+	switch (ev->event_type) {
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED: {
+		struct ibv_qp *qp = ev->element.qp;
+		pthread_mutex_lock(&qp->mutex);
+		qp->events_completed++;
+		pthread_cond_signal(&qp->cond);
+		pthread_mutex_unlock(&qp->mutex);
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+/* ibv_destroy_qp's wait (qp.c): the QP is unregistered, so `reported` is final. */
+EXPORT void emu_qp_wait_async_acks(struct emu_qp *qp, uint32_t reported)
+{
+	struct ibv_qp *b = &qp->qpx.qp_base;
+	pthread_mutex_lock(&b->mutex);
+	while (b->events_completed != reported)
+		pthread_cond_wait(&b->cond, &b->mutex);
+	pthread_mutex_unlock(&b->mutex);
+}

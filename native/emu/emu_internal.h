@@ -287,6 +287,7 @@ struct emu_qp {
 	struct emu_nic *nic;
 	uint32_t qpn;
 	uint64_t serial;           /* this QP's registration among the NIC's (async events name it, async.c) */
+	uint32_t async_reported;   /* its async events handed to the application (destroy waits for their acks) */
 	uint32_t bf_off;           /* its doorbell register in the UAR page (0x800, 0xa00 when shared) */
 	uint32_t bf_size;          /* 256 once mlx5dv_init_obj handed out BlueFlame registers, else 0 */
 	uint32_t sq_rung;          /* sq_pi when ibv_post_send last rang (SIGMATRACE_EMU_BF_POST: one WQE since -> a copy) */
@@ -507,6 +508,7 @@ void emu_sysfs_paths(char *ibdev_path, size_t n1, char *dev_path, size_t n2);
 
 /* async.c */
 void emu_async_event(struct ibv_context *c, enum ibv_event_type type, void *element);
+void emu_qp_wait_async_acks(struct emu_qp *qp, uint32_t reported);
 
 /* fabric.c */
 struct emu_gather { const uint8_t *data; uint32_t len; }; /* a piece of a packet's payload */

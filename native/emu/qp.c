@@ -191,6 +191,7 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	struct emu_nic *nic = qp->nic;
 	pthread_mutex_lock(&nic->lock);
 	emu_qp_unregister(nic, qp);
+	uint32_t reported = qp->async_reported;
 	emu_cq_clean(qp->rcq, qp->qpn, qp->srq);
 	if (qp->scq != qp->rcq)
 		emu_cq_clean(qp->scq, qp->qpn, NULL);
@@ -200,6 +201,7 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 		emu_uar_free(nic, qp->uarobj);
 	}
 	pthread_mutex_unlock(&nic->lock);
+	emu_qp_wait_async_acks(qp, reported); /* async.c: no longer reported, so the count is final */
 	if (qp->own_bufs)
 		free(qp->qp_buf);
 	emu_buf_free(&qp->qbuf);

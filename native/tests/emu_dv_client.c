@@ -23,7 +23,10 @@
  *   --async  the context's async_fd: a blocking ibv_get_async_event waits
  *            until a QP on an SRQ is moved to ERR, then returns
  *            IBV_EVENT_QP_LAST_WQE_REACHED for that QP; made non-blocking, it
- *            fails with EAGAIN and poll() reports nothing (no EOF).
+ *            fails with EAGAIN and poll() reports nothing (no EOF); the event
+ *            of a QP destroyed before it was read is not delivered; and one
+ *            read but not yet acknowledged keeps ibv_destroy_qp waiting until
+ *            ibv_ack_async_event (rdma-core's events_completed contract).
  *   --cq     ibv_create_cq_ex fails with EOPNOTSUPP (UCX then uses
  *            ibv_create_cq); mlx5dv_create_cq with 64- and 128-byte CQEs
  *            (init_obj: cqe_size, cq_uar; the CQE in the slot's last 64 bytes;
@@ -261,6 +264,16 @@ static void *async_reader(void *arg)
 	return NULL;
 }
 
+static struct ibv_qp *g_doomed;
+static volatile int g_destroyed;
+
+static void *destroyer(void *arg)
+{
+	(void)arg;
+	g_destroyed = ibv_destroy_qp(g_doomed) == 0 ? 1 : -1;
+	return NULL;
+}
+
 static int mode_async(void)
 {
 	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 8, .max_sge = 1 } };
@@ -309,6 +322,26 @@ static int mode_async(void)
 	if (ibv_get_async_event(g.ctx, &ev) != -1 || errno != EAGAIN)
 		FAIL("the event of a destroyed QP was delivered (event %d for %p; errno %d)", ev.event_type,
 		     (void *)ev.element.qp, errno);
+	/* an event read but not acknowledged: its QP stays alive (ibv_destroy_qp waits) */
+	g_doomed = ibv_create_qp(g.pd, &qa);
+	CHECK(g_doomed, "ibv_create_qp (SRQ, 3)");
+	uint32_t qpn3 = g_doomed->qp_num;
+	CHECK(!rc_to_init(g_doomed), "to INIT (3)");
+	CHECK(!ibv_modify_qp(g_doomed, &a, IBV_QP_STATE), "modify to ERR (3)");
+	CHECK(fcntl(g.ctx->async_fd, F_SETFL, fl) == 0, "fcntl blocking");
+	CHECK(ibv_get_async_event(g.ctx, &ev) == 0, "ibv_get_async_event (3)");
+	pthread_t d;
+	CHECK(!pthread_create(&d, NULL, destroyer, NULL), "pthread_create (destroyer)");
+	usleep(200000);
+	if (g_destroyed)
+		FAIL("ibv_destroy_qp returned (%d) while its event was not acknowledged", g_destroyed);
+	if (ev.event_type != IBV_EVENT_QP_LAST_WQE_REACHED || ev.element.qp->qp_num != qpn3)
+		FAIL("event %d for QPN 0x%x, expected LAST_WQE_REACHED for 0x%x", ev.event_type, ev.element.qp->qp_num,
+		     qpn3);
+	ibv_ack_async_event(&ev);
+	pthread_join(d, NULL);
+	if (g_destroyed != 1)
+		FAIL("ibv_destroy_qp after the ack: %d", g_destroyed);
 	ibv_destroy_srq(srq);
 	printf("OK async event=%d\n", g_ev.event_type);
 	return 0;
