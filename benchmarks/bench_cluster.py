@@ -18,11 +18,18 @@ reads each worker's peak RSS (ru_maxrss) before closing it.
   3. memory against capture size (BENCH_CLUSTER_MEM_SIZES, default 5e6,20e6,50e6 events; 128 processes in
      one capture.bin; --cluster local:2, one run each, SIGMATRACE_CLUSTER_PART_BYTES as set): peak RSS per
      worker and of the driver, decode tasks, the largest part; -k memory_vs_size.
-  4. SIGMATRACE_BENCH_HUGE=1: one run on BENCH_CLUSTER_HUGE_EVENTS (default 300 M) with the modes of
+  4. against a baseline tree (BENCH_BASELINE: a checkout of another commit with its native tree built into
+     its own build/dev, as for bench_baseline.py): --cluster local:2 of both trees on one capture
+     (BENCH_CLUSTER_BASE_EVENTS, default 16 M events; BENCH_CLUSTER_BASE_PROCESSES, default 256 files),
+     BENCH_REPEAT rounds interleaved, the order flipping every round, medians; each tree's global stages
+     are the ones its own bench_cluster.py names (GLOBAL), so what moved from the driver into the task
+     rounds shows; -k baseline.
+  5. SIGMATRACE_BENCH_HUGE=1: one run on BENCH_CLUSTER_HUGE_EVENTS (default 300 M) with the modes of
      BENCH_HUGE_MODES (default cluster:2), at the end; BENCH_CLUSTER_HUGE_PROCESSES (64, 128 or 256) files.
 
     python -m pytest benchmarks/bench_cluster.py -s -p no:cacheprovider
 """
+import ast
 import json
 import os
 import statistics
@@ -102,11 +109,25 @@ def make_capture(path, events, processes=128):
     return r.events, time.perf_counter() - t
 
 
-def run_report(cap, mode, out, nice=False):
-    """One report in a fresh process: 'local:W' (the local path, W workers) or 'cluster:N'."""
+def _stage_names(root):
+    """(TASKS, GLOBAL) as the bench_cluster.py of the tree at root names them (a baseline may differ)."""
+    if root == ROOT:
+        return TASKS, GLOBAL
+    names = {}
+    for node in ast.parse((root / "benchmarks" / "bench_cluster.py").read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and getattr(node.targets[0], "id", "") in (
+                "TASKS", "GLOBAL"):
+            names[node.targets[0].id] = ast.literal_eval(node.value)
+    return names["TASKS"], names["GLOBAL"]
+
+
+def run_report(cap, mode, out, nice=False, root=ROOT):
+    """One report in a fresh process: 'local:W' (the local path, W workers) or 'cluster:N'; the sources
+    (and so the native libraries, the tree's build/dev) of the tree at root."""
     import shutil
+    tasks, glob = _stage_names(root)
     script = out.with_suffix(".py")          # a file, so that the LocalCluster's spawned workers can start
-    script.write_text(_RUN.format(paths=[str(ROOT), str(ROOT / "sim")], mode=mode, cap=str(cap), out=str(out)))
+    script.write_text(_RUN.format(paths=[str(root), str(root / "sim")], mode=mode, cap=str(cap), out=str(out)))
     cmd = (["nice", "-n", "10"] if nice else []) + [sys.executable, str(script)]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT))
     shutil.rmtree(out, ignore_errors=True)
@@ -117,12 +138,13 @@ def run_report(cap, mode, out, nice=False):
     st = dict(d["timings"].get("cluster_stages_s", {}))
     if "refine" in st:       # the refinement's second pass is a task round inside it
         st["refine"] -= st.get("refine_window_tasks", 0.0)
-    for k in ("latency_s", "perfetto_s", "summary_s", "figures_submit_s", "figures_s", "correlate_s", "tables_s"):
+    for k in ("latency_s", "perfetto_s", "summary_s", "figures_submit_s", "figures_s", "correlate_s", "tables_s",
+              *glob):
         if k in d["timings"]:
             st[k] = d["timings"][k]
     d["stages"] = st
-    d["global_s"] = sum(st.get(k, 0.0) for k in GLOBAL)
-    d["tasks_s"] = sum(st.get(k, 0.0) for k in TASKS)
+    d["global_s"] = sum(st.get(k, 0.0) for k in glob)
+    d["tasks_s"] = sum(st.get(k, 0.0) for k in tasks)
     d["events_per_s_per_worker"] = d["events"] / d["wall_s"] / d["workers"]
     d["worker_peak_mib"] = max(d["worker_maxrss_kb"]) / 1024
     d["driver_peak_mib"] = d["driver_maxrss_kb"] / 1024
@@ -153,11 +175,13 @@ def _table(rows):
               f"{r['global_s']:>9.2f} {100 * r['global_s'] / r['wall_s']:>8.1f}%")
 
 
-def _stages(rows):
+def _stages(rows, glob=GLOBAL):
+    """Every stage any row has (this tree's names first), * marking the global ones (glob)."""
     names = [k for k in TASKS + GLOBAL if any(k in r.get("stages", {}) for r in rows)]
+    names += sorted({k for r in rows for k in r.get("stages", {})} - set(names) - {"correlate_s", "tables_s"})
     print("stages (s; * = global):" + "".join(f" {r['mode']:>10}" for r in rows))
     for k in names:
-        print(f"  {('*' if k in GLOBAL else ' ') + k:<22}" + "".join(
+        print(f"  {('*' if k in glob else ' ') + k:<22}" + "".join(
             f" {r.get('stages', {}).get(k, float('nan')):>10.3f}" for r in rows))
 
 
@@ -186,6 +210,42 @@ def test_side_by_side(benchmark, tmp_path):
     benchmark.extra_info.update(events=n, runs={m: runs[m] for m in modes})
     for r in rows:
         assert "error" not in r, r["error"]
+
+
+BASE = Path(os.environ["BENCH_BASELINE"]) if os.environ.get("BENCH_BASELINE") else None
+
+
+@pytest.mark.skipif(BASE is None or not (BASE / "build" / "dev").is_dir(),
+                    reason="set BENCH_BASELINE to a checkout with its native tree built in build/dev")
+def test_against_baseline(benchmark, tmp_path):
+    """--cluster local:2 of this tree and of BENCH_BASELINE's on one capture, interleaved rounds, medians."""
+    events = int(float(os.environ.get("BENCH_CLUSTER_BASE_EVENTS", 16e6)))
+    procs = int(os.environ.get("BENCH_CLUSTER_BASE_PROCESSES", 256))
+    cap = tmp_path / "allreduce_full.bin"
+    n, gen_s = make_capture(cap, events, procs)
+    trees = {"this": ROOT, "baseline": BASE}
+    runs = {t: [] for t in trees}
+
+    def go():
+        for i in range(REPEAT):
+            for t in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
+                runs[t].append(run_report(cap, "cluster:2", tmp_path / f"out-{t}", root=trees[t]))
+
+    benchmark.pedantic(go, rounds=1, iterations=1)
+    rows = {t: _median_run(runs[t]) for t in trees}
+    for t, r in rows.items():
+        assert "error" not in r, r["error"]
+        r["mode"] = t
+    print(f"\ncapture: {n:,} events, {procs} processes; --cluster local:2; medians of {REPEAT} interleaved rounds; "
+          f"this tree {ROOT} against {BASE}")
+    _table(list(rows.values()))
+    _stages(list(rows.values()), set(GLOBAL) | set(_stage_names(BASE)[1]))
+    a, b = rows["this"], rows["baseline"]
+    print(f"this / baseline: wall {a['wall_s'] / b['wall_s']:.3f}x, global stages {a['global_s'] / b['global_s']:.3f}x "
+          f"({a['global_s']:.2f} s against {b['global_s']:.2f} s; global share {100 * a['global_s'] / a['wall_s']:.1f} % "
+          f"against {100 * b['global_s'] / b['wall_s']:.1f} %)")
+    benchmark.extra_info.update(events=n, processes=procs, runs=runs,
+                                ratio_wall=a["wall_s"] / b["wall_s"], ratio_global=a["global_s"] / b["global_s"])
 
 
 def _fit(X, y):

@@ -237,6 +237,39 @@ def test_worker_killed_mid_report(stage, synthetic, tmp_path, client, fresh_clie
     _same_report(ref, got)
 
 
+def _trace_in_a_task(corr, path, chunk):
+    from sigmatrace.cluster.shard import emit_on_cluster
+    from sigmatrace.export.perfetto import write_perfetto
+    return write_perfetto(corr, path, max_events=5000, chunk=chunk, emit_map=emit_on_cluster)
+
+
+@pytest.mark.parametrize("kill", [False, True])
+def test_trace_chunks_are_tasks(kill, synthetic, tmp_path, client, fresh_client):
+    """Inside the trace task the chunks of drawn events are tasks of their own over the workers, and the file is
+    byte for byte the one this process writes alone; with the worker of a chunk task killed, the chunk is
+    emitted again (by the trace task, or by its retry) and the file is still the same."""
+    from sigmatrace.correlate import correlate
+    from sigmatrace.export.perfetto import write_perfetto
+    corr = correlate(synthetic, workers=1)
+    ref = tmp_path / "ref.pftrace"
+    want = write_perfetto(corr, ref, max_events=5000, chunk=700)
+    c = client
+    if kill:
+        c = fresh_client
+        marker = tmp_path / "killed"
+        c.register_plugin(_KillOnce(marker, "sigmatrace-chunk"), name="kill-chunk")
+    got = tmp_path / "got.pftrace"
+    stats = c.submit(_trace_in_a_task, corr, str(got), 700, key="sigmatrace-trace-test", retries=2).result()
+    assert stats == want
+    assert got.read_bytes() == ref.read_bytes()
+    logged = [e for _, e in c.get_events("sigmatrace-perfetto-chunks")]
+    assert logged and logged[-1]["chunks"] > 2, logged
+    if kill:
+        assert marker.exists(), "no chunk task ran (nothing was killed)"
+    else:
+        assert logged[-1]["emitted_here"] == 0, logged      # every chunk came from its task
+
+
 def test_shared_context_outlives_the_workers_holding_it(client, tmp_path):
     """What the driver shares with the stages (``Rounds.share``) is computed again when every worker holding it
     dies.  Dask's active memory manager drops the surplus replicas (``amm.run_once``: what it does every 2 s),

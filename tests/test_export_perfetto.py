@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from sigmatrace.correlate import correlate
+from sigmatrace.export import perfetto as PF
 from sigmatrace.export import write_perfetto
 from sigmatrace.tables import write_tables
 
@@ -224,3 +225,23 @@ def test_trace_size_per_event(tmp_path, monkeypatch, fixture):
     z, plain = content(tmp_path / "z.pftrace"), content(tmp_path / "plain.pftrace")
     assert z == plain and len(z) == drawn + st["slices"] + st["counters"] + 1 - (0 if st["truncated"] else 1)
     assert {c for e in z for c in e[4]} == {"host", "op"} | ({"doorbell"} if len(corr.tables["doorbells"]["ns"]) else set())
+
+
+def test_a_chunk_alone_gives_its_bytes(ar_corr, corr, tmp_path):
+    """``chunk_state`` (what a cluster chunk task is given): each chunk of host slices, doorbells and operations
+    emitted from its own slice of the state is byte for byte the chunk emitted from the whole state."""
+    seen = set()
+
+    def check(state, jobs):
+        for k, job in enumerate(jobs):
+            whole = PF.emit_chunk(state, k, job)
+            alone = PF.emit_chunk(*PF.chunk_state(state, job)[:1], k, PF.chunk_state(state, job)[1])
+            assert alone == whole, (k, job)
+            seen.add(job[0])
+            yield whole
+
+    for c in (ar_corr, corr):
+        a = PF.write_perfetto(c, tmp_path / "a.pftrace", max_events=6000, chunk=1000, emit_map=check)
+        b = PF.write_perfetto(c, tmp_path / "b.pftrace", max_events=6000, chunk=1000)
+        assert a == b and (tmp_path / "a.pftrace").read_bytes() == (tmp_path / "b.pftrace").read_bytes()
+    assert seen == {"host", "doorbells", "ops"}, seen

@@ -70,10 +70,10 @@ class Rounds:
         self.held = held if held is not None else Held()
         self.scratch = Path(scratch) if scratch is not None else None
 
-    def submit(self, stage, fn, argsets):
+    def submit(self, stage, fn, argsets, priority=0):
         argsets = list(argsets)
         self.tasks[stage] = self.tasks.get(stage, 0) + len(argsets)
-        return [self.client.submit(fn, *a, key=f"sigmatrace-{stage}-{self.token}-{i}", pure=False)
+        return [self.client.submit(fn, *a, key=f"sigmatrace-{stage}-{self.token}-{i}", pure=False, priority=priority)
                 for i, a in enumerate(argsets)]
 
     def map(self, stage, fn, argsets, tick=None):
@@ -478,15 +478,16 @@ def _qps_in_one_part(latency_sums):
     return all(v[0] <= 1 for v in latency_sums["latency_qps"][1].values())
 
 
-def _tree(R, leaves, combine, name):
+def _tree(R, leaves, combine, name, priority=0):
     """Futures ``leaves`` combined in a tree of FAN_IN-input tasks of ``combine`` (keys
-    ``sigmatrace-<name>-...``): every level, the root's last.  The caller holds them all until the root is
-    in, so a lost one is recomputed from its inputs."""
+    ``sigmatrace-<name>-...``, Dask ``priority``): every level, the root's last.  The caller holds them all
+    until the root is in, so a lost one is recomputed from its inputs."""
     levels = [leaves]
     while len(levels[-1]) > 1:
         below = levels[-1]
         levels.append([R.client.submit(combine, *below[i:i + FAN_IN],
-                                       key=f"sigmatrace-{name}-{R.token}-{len(levels)}-{i}", pure=False)
+                                       key=f"sigmatrace-{name}-{R.token}-{len(levels)}-{i}", pure=False,
+                                       priority=priority)
                        for i in range(0, len(below), FAN_IN)])
     return levels
 
@@ -669,13 +670,15 @@ def _perfetto(R, fin, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, t
     """The Perfetto trace as tasks, submitted and not waited for (``fin`` holds them): the earliest of each
     kind reduced in a tree of ``merge_earliest`` tasks, the cut at its root (``window_cut_of``), every part's
     drawn rows (``window_rows``), the trace written from them (``perfetto_trace``).  Only the counters (per
-    bin and QP, summed here) and the event counts come from the driver."""
-    levels = _tree(R, topk_f, functools.partial(shard.merge_earliest, K), "earliest")
+    bin and QP, summed here) and the event counts come from the driver.  Their Dask priority (shard.TRACE_PRIORITY)
+    puts them before the figures' tasks when both are ready: the trace is the longest of what the driver
+    waits for at the end."""
+    levels = _tree(R, topk_f, functools.partial(shard.merge_earliest, K), "earliest", shard.TRACE_PRIORITY)
     n_host = sum(w["n_host"] for w in written)
     n_db = sum(loc[k]["n_doorbells"] for k in active)
     n_ops = int(sum(g[k]["op_counts"].sum() for k in active))
     cut_f = R.client.submit(shard.window_cut_of, levels[-1][0], K, n_host + n_db + n_ops, n_host,
-                            key=f"sigmatrace-cut-{R.token}", pure=False)
+                            key=f"sigmatrace-cut-{R.token}", pure=False, priority=shard.TRACE_PRIORITY)
     grid = ctx5["grid"]
     nb = grid[2]
     gpu, node = np.zeros(ctx5["n_gpu"] * nb), np.zeros(ctx5["n_node"] * nb)
@@ -688,11 +691,11 @@ def _perfetto(R, fin, parts, active, ctx5_f, g, topk_f, written, loc, K, ctx5, t
     top = top_qps(qtot)
     rows_f = R.submit("perfetto", shard.window_rows,
                       [(parts[k], ctx5_f, g[k], cut_f, [q for q in top if g[k]["qp_range"][0] <= q < g[k]["qp_range"][1]])
-                       for k in active])
+                       for k in active], shard.TRACE_PRIORITY)
     meta = dict(tables={t: tables[t] for t in TRACK_TABLES if t in tables}, n_host=n_host, n_doorbells=n_db, n_ops=n_ops,
                 grid=grid, gpu=gpu, node=node, top_qps=top, max_events=int(K))
     fin.trace = R.client.submit(shard.perfetto_trace, str(path), meta, cut_f, *rows_f,
-                                key=f"sigmatrace-trace-{R.token}", pure=False)
+                                key=f"sigmatrace-trace-{R.token}", pure=False, priority=shard.TRACE_PRIORITY)
     # held until the trace is in: a lost result is recomputed from its inputs
     fin.futures = [f for level in levels for f in level] + [cut_f, *rows_f, fin.trace, ctx5_f]
 

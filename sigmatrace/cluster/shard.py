@@ -540,8 +540,58 @@ def perfetto_trace(path, meta, cut_of, *rows):
                  truncated=truncated)
     with store.writing(path) as tmp:
         stats = write_perfetto(SimpleNamespace(tables=meta["tables"], workers=1), tmp, max_events=meta["max_events"],
-                               window=win)
+                               window=win, emit_map=emit_on_cluster)
     return dict(stats=stats, rows=len(ev_t["ns"]) + len(D["ns"]) + len(drawn), seconds=time.perf_counter() - t)
+
+
+TRACE_PRIORITY = 10   # Dask priority of the trace's tasks (driver._perfetto, emit_on_cluster): before the figures'
+
+
+def perfetto_chunk(part, k):
+    """A task: chunk ``k`` of the trace from its ``chunk_state`` (``export.perfetto.emit_chunk``)."""
+    from ..export.perfetto import emit_chunk
+    state, job = part
+    return emit_chunk(state, k, job)
+
+
+def emit_on_cluster(state, jobs):
+    """``write_perfetto``'s ``emit_map`` inside the trace task: the chunks of drawn events (the bulk of the
+    trace's time) as tasks of their own over the cluster's workers, each given only what it reads
+    (``chunk_state``, scattered across the workers), the trace task seceded meanwhile (``worker_client``), their
+    bytes yielded in chunk order.  A chunk whose task is lost (its worker, or the one holding its data, died)
+    is emitted here instead: the same bytes either way.  Outside a Dask worker, every chunk is emitted here."""
+    from ..export.perfetto import chunk_state, emit_chunk
+    try:
+        from distributed import get_worker, worker_client
+        me = get_worker()
+    except (ImportError, ValueError):
+        me = None
+    if me is None:
+        for k, job in enumerate(jobs):
+            yield emit_chunk(state, k, job)
+        return
+    base = str(me.get_current_task() or "sigmatrace-trace").replace("sigmatrace-trace", "sigmatrace-chunk", 1)
+    here = 0
+    with worker_client() as client:
+        futs = []
+        try:
+            parts = client.scatter([chunk_state(state, job) for job in jobs], hash=False)
+            futs = [client.submit(perfetto_chunk, part, k, key=f"{base}-{k}", pure=False, retries=0,
+                                  priority=TRACE_PRIORITY)
+                    for k, part in enumerate(parts)]
+        except Exception:          # noqa: BLE001 -- no scatter/submit: every chunk is emitted here
+            futs = []
+        for k, job in enumerate(jobs):
+            got = None
+            if k < len(futs):
+                try:
+                    got = futs[k].result()
+                except Exception:  # noqa: BLE001 -- a lost chunk task (KilledWorker, cancelled): emitted here
+                    got = None
+            here += got is None
+            yield got if got is not None else emit_chunk(state, k, job)
+        client.cancel(futs)
+    me.log_event("sigmatrace-perfetto-chunks", {"chunks": len(jobs), "emitted_here": here})
 
 
 # ---- the summary's sums ---------------------------------------------------------------------------------

@@ -205,11 +205,11 @@ class _Packets:
         self.write(p)
 
 
-def _emit_chunk(arg):
+def _emit_chunk(arg, S=None):
     """One chunk of drawn events (host slices, doorbells or operations [lo, hi)) as serialized packets of
-    sequence _SEQ + 1 + k; returns (bytes, stats)."""
+    sequence _SEQ + 1 + k; returns (bytes, stats).  ``S``: what it draws from (default: _EMIT)."""
     k, (kind, lo, hi) = arg
-    S = _EMIT
+    S = _EMIT if S is None else S
     out = _Packets(_SEQ + 1 + k)
     P = out.P
     st = dict(slices=0, instants=0, flows=0)
@@ -239,7 +239,7 @@ def _emit_chunk(arg):
                         ("recovered", bool(D["complete"][i]))])
             st["instants"] += 1
     else:
-        ops, D, labels, qp_uuid, drawn = S["ops"], S["D"], S["labels"], S["qp_uuid"], S["drawn"]
+        ops, labels, qp_uuid, drawn = S["ops"], S["labels"], S["qp_uuid"], S["drawn"]
         coll_flow = S.get("coll_flow")
         thread_uuid, proc_uuid = S["thread_uuid"], S["proc_uuid"]
         flow_base = 1 << 40
@@ -374,9 +374,46 @@ def _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats):
 TRACK_TABLES = ("processes", "nodes", "threads", "gpus", "qps", "collectives", "communicators")
 
 
-def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, window: "Window | None" = None):
+def chunk_state(state, job):
+    """What chunk ``job`` (kind, lo, hi) reads of ``state``, alone: (its state, the job in it), so that a chunk
+    can be emitted where the whole state is not (the cluster report's chunk tasks); ``emit_chunk`` of the two
+    gives the bytes it gives of the whole state."""
+    kind, lo, hi = job
+    n = hi - lo
+    common = {k: state[k] for k in ("thread_uuid", "proc_uuid", "gpu_uuid", "qp_uuid", "labels", "names")}
+    if kind == "host":
+        rows = state["hs"][lo:hi]
+        sub = dict(common, ev_t={c: v[rows] for c, v in state["ev_t"].items()}, dur=state["dur"][rows],
+                   hs=np.arange(n))
+    elif kind == "doorbells":
+        rows = state["dbs"][lo:hi]
+        sub = dict(common, D={c: v[rows] for c, v in state["D"].items()}, dbs=np.arange(n))
+    else:
+        ops = {c: v[lo:hi] for c, v in state["ops"].items()}
+        drawn = state["drawn"][lo:hi]
+        mine = set(np.asarray(drawn).tolist())
+        parents = set(np.asarray(ops["parent_op_id"]).tolist()) if "parent_op_id" in ops else set()
+        cf = state.get("coll_flow")
+        sub = dict(common, ops=ops, drawn=drawn, coll_flow=None if cf is None else cf[lo:hi],
+                   kids={o: c for o, c in state["kids"].items() if o in mine},
+                   drawn_set=parents & state["drawn_set"])
+    return sub, (kind, 0, n)
+
+
+def emit_chunk(state, k, job):
+    """Chunk ``k`` (``job``: kind, lo, hi) of a trace drawn from ``state`` (what ``write_perfetto`` hands an
+    ``emit_map``): (bytes, stats), the same bytes whichever process emits it."""
+    return _emit_chunk((k, job), state)
+
+
+def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, window: "Window | None" = None,
+                   emit_map=None, chunk=None):
     """The Perfetto trace of ``corr`` into ``path``; returns its statistics.  ``window``: what it draws
-    (``export.window``; default: computed from ``corr``'s tables here)."""
+    (``export.window``; default: computed from ``corr``'s tables here).  ``emit_map(state, jobs)``: where the
+    chunks of drawn events are emitted (the cluster report's tasks: cluster.shard.perfetto_trace), an iterable
+    of ``emit_chunk(state, k, jobs[k])``'s results in chunk order; default: forked workers when
+    ``corr.workers`` > 1, else this process.  ``chunk``: drawn events per chunk (default _CHUNK; the file
+    depends on it, never on where the chunks are emitted)."""
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as P
 
     T = corr.tables
@@ -481,8 +518,9 @@ def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, win
     # operations on QP tracks, flows to the peer QP
     drawn, ops = win.drawn, win.ops
     coll_flow = _collectives(T, ops, cut, main, track, new_uuid, proc_uuid, stats)
-    jobs = [(kind, lo, min(lo + _CHUNK, n)) for kind, n in (("host", len(hs)), ("doorbells", len(dbs)),
-                                                            ("ops", len(drawn))) for lo in range(0, n, _CHUNK)]
+    chunk = int(chunk or _CHUNK)
+    jobs = [(kind, lo, min(lo + chunk, n)) for kind, n in (("host", len(hs)), ("doorbells", len(dbs)),
+                                                           ("ops", len(drawn))) for lo in range(0, n, chunk)]
     # F25: UCP / libfabric call -> its WQEs (both drawn): the call's instant starts a flow to each
     kids, drawn_set = {}, set()
     if "parent_op_id" in ops and len(drawn):
@@ -499,7 +537,13 @@ def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, win
                  thread_uuid=thread_uuid, proc_uuid=proc_uuid, gpu_uuid=gpu_uuid, qp_uuid=qp_uuid)
     try:
         workers = int(getattr(corr, "workers", 1) or 1)
-        if workers > 1 and len(jobs) > 1 and _fork_ok():
+        if emit_map is not None and len(jobs) > 1:
+            for (data, st_), j in zip(emit_map(_EMIT, jobs), jobs):
+                f.write(data)
+                for k_, v_ in st_.items():
+                    stats[k_] += v_
+                progress("perfetto", j[2] - j[1])
+        elif workers > 1 and len(jobs) > 1 and _fork_ok():
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
             with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("fork")) as ex:
