@@ -160,3 +160,26 @@ def test_report_names_the_process_that_ended_early(tmp_path, capsys):
     assert s["losses"]["incomplete_processes"] == [e["process"]]
     assert e["path"] and e["last_event_ns"] is not None and e["last_event_ns"] > 0
     assert re.search(rf"ended early: pid {e['pid']}\b.*no END record.*last event at \+", out), out
+
+
+def test_summary_json_writer(tmp_path):
+    """summary.json: the cleaned values (NaN/inf -> null, numpy -> Python, whole arrays at once) written as
+    the standard encoder writes them, the first levels one member per line."""
+    import json
+    import numpy as np
+    from sigmatrace.report.summary import _clean, write_summary
+    m = np.arange(12, dtype=float).reshape(3, 4)
+    m[1, 2] = np.nan
+    m[2, 3] = np.inf
+    raw = {"matrix": {"bytes": m, "ops": np.arange(6, dtype=np.int64).reshape(2, 3), "ok": np.array([True, False])},
+           "clock": {"node": {"a": np.float64(1.5), "b": [np.int32(3), float("nan")]}}, "empty": {}, "n": np.int64(7),
+           1: "key"}
+    s = _clean(raw)
+    assert s["matrix"]["bytes"][1][2] is None and s["matrix"]["bytes"][2][3] is None
+    assert s["matrix"]["bytes"][0] == [0.0, 1.0, 2.0, 3.0] and type(s["matrix"]["ops"][1][2]) is int
+    assert s["matrix"]["ok"] == [True, False] and s["clock"]["node"]["b"] == [3, None] and s["n"] == 7
+    write_summary(s, tmp_path / "s.json")
+    text = (tmp_path / "s.json").read_text()
+    assert json.loads(text) == json.loads(json.dumps(s)) == s
+    lines = text.splitlines()
+    assert lines[0] == "{" and ' "matrix": {' in lines and '  "node": {' in lines and ' "empty": {},' in lines

@@ -73,8 +73,12 @@ class Rounds:
     def submit(self, stage, fn, argsets, priority=0):
         argsets = list(argsets)
         self.tasks[stage] = self.tasks.get(stage, 0) + len(argsets)
-        return [self.client.submit(fn, *a, key=f"sigmatrace-{stage}-{self.token}-{i}", pure=False, priority=priority)
-                for i, a in enumerate(argsets)]
+        if not argsets:
+            return []
+        assert len({len(a) for a in argsets}) == 1, f"{stage}: tasks of one round take the same arguments"
+        # one graph update for the round (client.map), not one per task: ~0.7 ms of the driver per submit
+        return self.client.map(fn, *zip(*argsets), key=[f"sigmatrace-{stage}-{self.token}-{i}" for i in range(len(argsets))],
+                               pure=False, priority=priority)
 
     def map(self, stage, fn, argsets, tick=None):
         return self.wait(stage, self.submit(stage, fn, argsets), tick)

@@ -570,7 +570,10 @@ def emit_on_cluster(state, jobs):
         for k, job in enumerate(jobs):
             yield emit_chunk(state, k, job)
         return
+    import uuid
+    # a retried trace task (its worker died) submits under new keys: never the lost run's tasks again
     base = str(me.get_current_task() or "sigmatrace-trace").replace("sigmatrace-trace", "sigmatrace-chunk", 1)
+    base = f"{base}-{uuid.uuid4().hex[:8]}"
     here = 0
     with worker_client() as client:
         futs = []

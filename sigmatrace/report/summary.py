@@ -21,7 +21,11 @@ def _clean(x):
         return {str(k): _clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_clean(v) for v in x]
-    if isinstance(x, np.ndarray):
+    if isinstance(x, np.ndarray):      # whole arrays at once: a 1,024-rank matrix is a million cells
+        if x.dtype.kind in "iub":
+            return x.tolist()
+        if x.dtype.kind == "f":
+            return np.where(np.isfinite(x), x.astype(object), None).tolist()
         return [_clean(v) for v in x.tolist()]
     if isinstance(x, (np.integer,)):
         return int(x)
@@ -220,6 +224,18 @@ def run_named_sql(name):
     return named_queries()[name].strip().rstrip(";")
 
 
+def _json_lines(x, depth, pad):
+    """``x`` as JSON, a dict's members one per line (indented by one space a level) for the first ``depth``
+    levels, everything below compact: json's C encoder does the bulk (it is not used with ``indent``, and a
+    1,024-rank matrix written one number per line took seconds of the driver's time)."""
+    if isinstance(x, dict) and x and depth > 0:
+        inner = pad + " "
+        items = [f"{inner}{json.dumps(str(k))}: {_json_lines(v, depth - 1, inner)}" for k, v in x.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    return json.dumps(x, default=str)
+
+
 def write_summary(summary, path):
     with open(path, "w") as f:
-        json.dump(summary, f, indent=1, default=str)
+        f.write(_json_lines(summary, 3, ""))
+        f.write("\n")
