@@ -310,7 +310,10 @@ def test_scaling_and_projection(benchmark, tmp_path):
               f"per-worker peak {proj[W]['worker_mib']:,.0f} MiB ({Ep / Pp / 1e6:.2f} M events per part), "
               f"driver {proj[W]['driver_mib']:,.0f} MiB")
     print("(assumes the task rounds spread evenly over the workers -- 1,024 parts >= 64 workers -- and a shared "
-          "filesystem as fast per worker as this disk; the fit is from this 2-core machine)")
+          "filesystem as fast per worker as this disk; the fit is from this 2-core machine.  perfetto_s and "
+          "figures_s are what the driver still waits for at the end, beside rounds that grow with the events: "
+          "fitted linearly they read as a cost per event, which they are not -- docs/cluster.md projects from "
+          "the 1,000 M-event run instead)")
     benchmark.extra_info.update(runs=runs, global_fits=fits, tasks_fit=ws.tolist(), worker_mem_fit=wm.tolist(),
                                 driver_mem_fit=dm.tolist(), projection=proj)
 
