@@ -1,5 +1,6 @@
 """This tree against a baseline checkout, side by side in one run (issue 11: "benchmark numbers unchanged within
-noise after the restructure"): the report pipeline (decode alone; correlate + Parquet tables), and the
+noise after the restructure"): the report pipeline (decode alone; correlate + Parquet tables, the host rows of the
+Perfetto window collected on the way as the report does), and the
 tracer's recording cost per call.
 
 BENCH_BASELINE is a checkout of the commit to compare with (e.g. `git worktree add --detach /work/wt-old
@@ -52,7 +53,10 @@ fd = decode.decode_file({cap!r}, kernel=True)
 t0 = time.perf_counter()
 c = correlate({cap!r}, workers=1)
 t1 = time.perf_counter()
-write_tables(c, {out!r})
+try:            # the report's own call: the Perfetto window's host rows collected while the events are written
+    write_tables(c, {out!r}, collect_host=500_000)
+except TypeError:  # a tree from before the host collector
+    write_tables(c, {out!r})
 t2 = time.perf_counter()
 print(json.dumps(dict(events=c.stats["events"], decode_s=t0 - t, correlate_s=t1 - t0, tables_s=t2 - t1,
                       pipeline_s=t2 - t0)))

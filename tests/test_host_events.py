@@ -137,3 +137,38 @@ def test_recorder_coalesced_runs(step):
     got = sorted(zip(*(cols[c].tolist() for c in ("ns", "type", "obj", "calls", "end_ns"))))
     assert got == sorted([(100, PROGRESS, 3, 99, 900), (100, POLL, 9, 100, 900), (1000, TAG_SEND, 5, 1, 1000),
                           (1100, PROGRESS, 3, 1, 1100)]) and total == 4
+
+
+class _RunsOnly(HostCollector):
+    """Every batch through the general join (the runs path), never the single-rows shortcut."""
+
+    def _join_singles(self, b, o, k, idle, same):
+        return self._join_runs(b, o, k, idle)
+
+
+@pytest.mark.parametrize("p_idle", [0.1, 0.5, 0.88])
+@pytest.mark.parametrize("step", [1, 2, 5, 64, 3000])
+def test_single_rows_shortcut_equals_the_general_join(p_idle, step):
+    """Batches where no two idle polls follow each other on a thread skip the general join's sorts
+    (``_join_singles``): the rows, their order, the held runs and the totals are the general join's, and the
+    definition's, for streams from sparse idle polls (the shortcut nearly always) to runs (nearly never); with
+    a budget, the rows kept and the early cut are the same too."""
+    rng = np.random.default_rng(int(p_idle * 100) + step)
+    s = stream(seed=5, n=4000)
+    s["type"] = np.where(rng.random(4000) < p_idle, PROGRESS, TAG_SEND)
+    s["aux"] = np.zeros(4000, np.int64)
+    want = reference(s)
+    for budget in (None, 300):
+        a, b = HostCollector(budget), _RunsOnly(budget)
+        for x in batches(s, step):
+            a.add(x)
+            b.add(x)
+        (ca, ta), (cb, tb) = a.result(), b.result()
+        assert ta == tb == len(want) and a.joined == b.joined
+        assert sorted(ca) == sorted(cb) and all(np.array_equal(ca[c], cb[c]) and ca[c].dtype == cb[c].dtype
+                                                 for c in ca)
+        if budget is None:
+            assert as_rows(ca) == want
+        else:
+            cut = sorted(r[2] for r in want)[budget - 1]
+            assert as_rows(ca) == [r for r in want if r[2] <= cut]

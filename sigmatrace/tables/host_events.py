@@ -55,6 +55,9 @@ class HostCollector:
         self.buf = []
         self.nbuf = 0
         self.held = {}          # thread key -> the run that reached the end of the last batch (one row)
+        # once the buffer was cut back: the latest ns it kept.  A later row after it can never be among the
+        # budget earliest (the buffer already holds that many at or before it), so it is not buffered
+        self.cut = None
 
     def add(self, cols):
         ns = cols["ns"] if "ns" in cols else cols["tsc"]
@@ -69,6 +72,13 @@ class HostCollector:
         self.total += k
         if not k or self.budget == 0:
             return
+        if self.cut is not None:
+            early = b["ns"] <= self.cut
+            if not early.all():
+                b = {c: v[early] for c, v in b.items()}
+                k = len(b["ns"])
+                if not k:
+                    return
         self.buf.append(b)
         self.nbuf += k
         if self.budget is not None and self.nbuf > 2 * self.budget + (1 << 16):
@@ -89,9 +99,17 @@ class HostCollector:
                 b = {c: np.concatenate([np.concatenate([h[c] for h in held]), b[c]]) for c in _HOST_KEYS}
                 key = b["process"] * (1 << 32) + b["thread"]
         o = np.argsort(key, kind="stable")      # a thread's rows together, held rows first, in stream order
+        k = key[o]
+        idle = (_IDLE_LUT[b["type"] & 0xFFFF] & (b["aux"] == 0))[o]
+        same = k[1:] == k[:-1]
+        if not (idle[1:] & idle[:-1] & same).any():
+            return self._join_singles(b, o, k, idle, same)
+        return self._join_runs(b, o, k, idle)
+
+    def _join_runs(self, b, o, k, idle):
+        """``_join``'s general path (``o``: the thread order of ``b``, ``k`` its keys, ``idle`` in it)."""
+        n = len(o)
         b = {c: v[o] for c, v in b.items()}
-        k, n = key[o], len(o)
-        idle = _IDLE_LUT[b["type"] & 0xFFFF] & (b["aux"] == 0)
         first = np.r_[True, k[1:] != k[:-1]]
         seg = np.cumsum(first | ~idle | ~np.r_[False, idle[:-1]])
         row = np.arange(n)
@@ -132,6 +150,20 @@ class HostCollector:
         r = np.argsort(o[hr][keep], kind="stable")      # back in stream order
         return {c: v[keep][r] for c, v in out.items()}
 
+    def _join_singles(self, b, o, k, idle, same):
+        """``_join`` of a batch where no two idle rows follow each other on a thread (``o``: the thread order,
+        ``k`` its keys, ``idle`` and ``same`` in it): every segment is one row, so every row stays as it is;
+        a thread's last row, if idle, is held.  What the general path gives, without its sorts."""
+        last = np.r_[~same, True] & idle
+        if not last.any():
+            return b
+        for pos in np.flatnonzero(last).tolist():
+            i = int(o[pos])
+            self.held[int(k[pos])] = {c: b[c][i:i + 1] for c in _HOST_KEYS}
+        keep = np.ones(len(o), bool)
+        keep[o[last]] = False
+        return {c: v[keep] for c, v in b.items()}
+
     @property
     def joined(self):
         """Rows added that went into another row: merging parts' rows, the runs cut at part boundaries."""
@@ -156,8 +188,10 @@ class HostCollector:
         if self.budget is not None and len(b["ns"]) > self.budget:
             # the budget earliest, ties at the last one included (the window's cut keeps ties of every kind),
             # in stream order
-            keep = np.flatnonzero(b["ns"] <= np.partition(b["ns"], self.budget - 1)[self.budget - 1])
+            cut = np.partition(b["ns"], self.budget - 1)[self.budget - 1]
+            keep = np.flatnonzero(b["ns"] <= cut)
             b = {c: v[keep] for c, v in b.items()}
+            self.cut = int(cut) if self.cut is None else min(self.cut, int(cut))
         self.buf, self.nbuf = [b], len(b["ns"])
 
     def _close(self):
