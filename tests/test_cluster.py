@@ -474,3 +474,29 @@ def test_reduce_groups_cover_the_parts_in_order(threads, rows, budget, monkeypat
     size = {k: r for k, r in zip(active, rows)}
     for grp in g:
         assert len(grp) == 1 or sum(size[k] for k in grp) <= max(budget, 2 * sum(rows) / len(g)), (g, rows)
+
+
+class _Removals(distributed.WorkerPlugin):
+    """Counts the cleanup tasks its worker ran (a file per task in ``where``)."""
+
+    def __init__(self, where):
+        self.where = str(where)
+
+    def transition(self, key, start, finish, **kwargs):
+        if finish == "memory" and str(key).startswith("sigmatrace-cleanup-"):
+            open(os.path.join(self.where, str(key)), "w").close()
+
+
+def test_scratch_removed_by_the_workers(tmp_path, client):
+    """After a report the scratch directory beside its output is gone, its part directories (more than FAN_IN)
+    removed by cleanup tasks on the workers, FAN_IN a task."""
+    d, _ = write_synthetic(tmp_path / "syn", nodes=6, procs_per_node=3, seed=5)     # 18 processes: 18 parts
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    client.register_plugin(_Removals(seen), name="count-cleanup")
+    out = tmp_path / "rep" / "out"
+    out.parent.mkdir()
+    build_report(Path(d), out, workers=1, figures=False, quiet=True, cluster=client)
+    assert not list(out.parent.glob(".sigmatrace-cluster-*")), list(out.parent.iterdir())
+    assert len(list(seen.iterdir())) >= 2, list(seen.iterdir())      # 18 part directories and more: 2 tasks
+    client.unregister_worker_plugin("count-cleanup")

@@ -77,6 +77,13 @@ def load_arrays(path):
     return load(path)
 
 
+def remove_trees(paths):
+    """A task: the scratch directories ``paths`` removed (``driver.Finishing.close``)."""
+    import shutil
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)
+
+
 def part_dir(scratch, k):
     d = Path(scratch) / f"part-{k:06d}"
     d.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,7 @@ def _write_report_stages(files, capture, out, workers, perfetto, figures, quiet,
             corr, fin = _on_cluster(client, files, out, prog, timings, workers=workers, figures=figures,
                                     clock_refine=clock_refine, perfetto=perfetto,
                                     max_perfetto_events=max_perfetto_events, batch_records=batch_records)
-            stack.callback(fin.close)
+            stack.push(lambda exc_type, exc, tb: fin.close(failed=exc_type is not None))
         else:
             kw = {"batch_records": batch_records} if batch_records else {}
             corr = correlate(capture, workers=workers, clock_refine=clock_refine, progress=prog, **kw)
