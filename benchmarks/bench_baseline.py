@@ -36,7 +36,7 @@ needs_base = pytest.mark.skipif(BASE is None or not (BASE / "build" / "dev").is_
 # the pipeline of bench_report.py, for either tree's layout (the table writer moved from export to tables,
 # the decoder from correlate to decode)
 _RUN = r"""
-import json, sys, time
+import inspect, json, sys, time
 sys.path[:0] = {paths!r}
 from sigmatrace.correlate import correlate
 try:
@@ -48,15 +48,15 @@ try:
 except ImportError:
     from sigmatrace.correlate import _kernel, decode
 assert _kernel.get() is not None, "no decode kernel"
+# the report's own call: the Perfetto window's host rows collected while the events are written (a tree from
+# before the host collector has no collect_host)
+kw = dict(collect_host=500_000) if "collect_host" in inspect.signature(write_tables).parameters else {{}}
 t = time.perf_counter()
 fd = decode.decode_file({cap!r}, kernel=True)
 t0 = time.perf_counter()
 c = correlate({cap!r}, workers=1)
 t1 = time.perf_counter()
-try:            # the report's own call: the Perfetto window's host rows collected while the events are written
-    write_tables(c, {out!r}, collect_host=500_000)
-except TypeError:  # a tree from before the host collector
-    write_tables(c, {out!r})
+write_tables(c, {out!r}, **kw)
 t2 = time.perf_counter()
 print(json.dumps(dict(events=c.stats["events"], decode_s=t0 - t, correlate_s=t1 - t0, tables_s=t2 - t1,
                       pipeline_s=t2 - t0)))

@@ -576,7 +576,6 @@ def emit_on_cluster(state, jobs):
     base = f"{base}-{uuid.uuid4().hex[:8]}"
     here = 0
     with worker_client() as client:
-        futs = []
         try:
             parts = client.scatter([chunk_state(state, job) for job in jobs], hash=False)
             futs = [client.submit(perfetto_chunk, part, k, key=f"{base}-{k}", pure=False, retries=0,

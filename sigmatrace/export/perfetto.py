@@ -34,6 +34,7 @@ written in deflate bundles (TracePacket.compressed_packets).
 """
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -537,25 +538,18 @@ def write_perfetto(corr, path, max_events=500_000, bins=400, progress=QUIET, win
                  thread_uuid=thread_uuid, proc_uuid=proc_uuid, gpu_uuid=gpu_uuid, qp_uuid=qp_uuid)
     try:
         workers = int(getattr(corr, "workers", 1) or 1)
-        if emit_map is not None and len(jobs) > 1:
-            for (data, st_), j in zip(emit_map(_EMIT, jobs), jobs):
-                f.write(data)
-                for k_, v_ in st_.items():
-                    stats[k_] += v_
-                progress("perfetto", j[2] - j[1])
-        elif workers > 1 and len(jobs) > 1 and _fork_ok():
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("fork")) as ex:
-                done = ex.map(_emit_chunk, [(k, j) for k, j in enumerate(jobs)])
-                for (data, st_), j in zip(done, jobs):
-                    f.write(data)
-                    for k_, v_ in st_.items():
-                        stats[k_] += v_
-                    progress("perfetto", j[2] - j[1])
-        else:
-            for k, j in enumerate(jobs):
-                data, st_ = _emit_chunk((k, j))
+        with contextlib.ExitStack() as stack:      # the chunks in chunk order, from wherever they are emitted
+            if emit_map is not None and len(jobs) > 1:
+                done = emit_map(_EMIT, jobs)
+            elif workers > 1 and len(jobs) > 1 and _fork_ok():
+                import multiprocessing as mp
+                from concurrent.futures import ProcessPoolExecutor
+                ex = stack.enter_context(ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                                                             mp_context=mp.get_context("fork")))
+                done = ex.map(_emit_chunk, list(enumerate(jobs)))
+            else:
+                done = map(_emit_chunk, enumerate(jobs))
+            for (data, st_), j in zip(done, jobs):
                 f.write(data)
                 for k_, v_ in st_.items():
                     stats[k_] += v_
